@@ -1,0 +1,305 @@
+//! Rules for status writes (rules 3 and 4): the observed_generation range,
+//! monotonic provisioning steps, condition transition times and phases.
+
+use gantry_api::v1::{Condition, ConditionStatus, Phase, ProvisioningStep, StepState};
+use prost_types::Timestamp;
+
+use crate::RuleError;
+
+/// Rule 3: a new `observed_generation` must satisfy
+/// `current <= new <= generation`.
+pub fn check_observed_generation(current: i64, new: i64, generation: i64) -> Result<(), RuleError> {
+    if new < current {
+        Err(RuleError::failed_precondition(
+            "gateway.status.observed_generation",
+            format!("{new} is below the current observed_generation {current}; observed_generation never moves backwards"),
+        ))
+    } else if new > generation {
+        Err(RuleError::failed_precondition(
+            "gateway.status.observed_generation",
+            format!("{new} is above the gateway's generation {generation}; a reconciler can only observe a generation that exists"),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+fn rank(state: StepState) -> u8 {
+    match state {
+        StepState::Unspecified => 0,
+        StepState::Pending => 1,
+        StepState::InProgress => 2,
+        StepState::Complete => 3,
+        StepState::Failed => 4,
+    }
+}
+
+/// The state a step takes when `incoming` is written over `current` within
+/// one generation: forward only, FAILED always shows, FAILED can recover.
+pub fn next_step_state(current: StepState, incoming: StepState) -> StepState {
+    match (current, incoming) {
+        (_, StepState::Failed) => StepState::Failed,
+        (StepState::Failed, next) => next,
+        (current, next) if rank(next) > rank(current) => next,
+        (current, _) => current,
+    }
+}
+
+/// Rule 4: merges incoming steps into the current ones by name. Steps the
+/// writer did not mention are kept; new steps are appended in the writer's
+/// order. A replayed or reordered write therefore never regresses a step.
+pub fn merge_provisioning(
+    current: &[ProvisioningStep],
+    incoming: &[ProvisioningStep],
+) -> Vec<ProvisioningStep> {
+    let mut merged = current.to_vec();
+    for step in incoming {
+        match merged.iter_mut().find(|s| s.name == step.name) {
+            Some(existing) => {
+                let next = next_step_state(existing.state(), step.state());
+                if next != existing.state()
+                    || (next == step.state() && existing.message != step.message)
+                {
+                    existing.set_state(next);
+                    existing.message.clone_from(&step.message);
+                }
+            }
+            None => merged.push(step.clone()),
+        }
+    }
+    merged
+}
+
+/// Checks provisioning steps a writer sends: named, a known state, no
+/// duplicates.
+pub fn validate_provisioning(steps: &[ProvisioningStep]) -> Result<(), RuleError> {
+    for (i, step) in steps.iter().enumerate() {
+        let field = || format!("gateway.status.provisioning[{i}]");
+        if step.name.is_empty() || step.name.len() > 128 {
+            return Err(RuleError::invalid(
+                field(),
+                "name is required, at most 128 characters",
+            ));
+        }
+        if StepState::try_from(step.state).unwrap_or_default() == StepState::Unspecified {
+            return Err(RuleError::invalid(
+                field(),
+                "state must be PENDING, IN_PROGRESS, COMPLETE or FAILED",
+            ));
+        }
+        if steps[..i].iter().any(|s| s.name == step.name) {
+            return Err(RuleError::invalid(
+                field(),
+                format!("duplicate step {:?}", step.name),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Sets the conditions to `incoming`, keeping `last_transition_time` of a
+/// condition whose status did not change and stamping `now` on one that did
+/// (as Kubernetes' `meta.SetStatusCondition`).
+pub fn merge_conditions(
+    current: &[Condition],
+    incoming: &[Condition],
+    now: &Timestamp,
+) -> Vec<Condition> {
+    incoming
+        .iter()
+        .map(|c| {
+            let mut c = c.clone();
+            c.last_transition_time = match current.iter().find(|old| old.r#type == c.r#type) {
+                Some(old) if old.status == c.status => old.last_transition_time,
+                _ => Some(*now),
+            };
+            c
+        })
+        .collect()
+}
+
+/// Checks conditions a writer sends: a type, a known status, no duplicate
+/// types.
+pub fn validate_conditions(conditions: &[Condition], generation: i64) -> Result<(), RuleError> {
+    for (i, c) in conditions.iter().enumerate() {
+        let field = || format!("gateway.status.conditions[{i}]");
+        let type_ok = !c.r#type.is_empty()
+            && c.r#type.len() <= 316
+            && c.r#type
+                .chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || matches!(ch, '.' | '/' | '-' | '_'));
+        if !type_ok {
+            return Err(RuleError::invalid(
+                field(),
+                "type is required: letters, digits, '.', '/', '-', '_'",
+            ));
+        }
+        if ConditionStatus::try_from(c.status).unwrap_or_default() == ConditionStatus::Unspecified {
+            return Err(RuleError::invalid(
+                field(),
+                "status must be TRUE, FALSE or UNKNOWN",
+            ));
+        }
+        if c.reason.len() > 1024 || c.message.len() > 32 * 1024 {
+            return Err(RuleError::invalid(
+                field(),
+                "reason at most 1024 and message at most 32768 characters",
+            ));
+        }
+        if !(0..=generation).contains(&c.observed_generation) {
+            return Err(RuleError::invalid(
+                field(),
+                format!("observed_generation must be between 0 and the generation {generation}"),
+            ));
+        }
+        if conditions[..i].iter().any(|o| o.r#type == c.r#type) {
+            return Err(RuleError::invalid(
+                field(),
+                format!("duplicate condition type {:?}", c.r#type),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a phase written by the reconciler. DELETING belongs to the store:
+/// it is set by deletion and stays while the gateway is being deleted.
+pub fn check_phase(phase: i32, deleting: bool) -> Result<Phase, RuleError> {
+    let field = "gateway.status.phase";
+    let phase = Phase::try_from(phase)
+        .map_err(|_| RuleError::invalid(field, format!("unknown phase {phase}")))?;
+    match (phase, deleting) {
+        (Phase::Unspecified, _) => Err(RuleError::invalid(
+            field,
+            "required: a phase other than UNSPECIFIED",
+        )),
+        (Phase::Deleting, false) => Err(RuleError::failed_precondition(
+            field,
+            "DELETING is set by DeleteGateway, not by a status write",
+        )),
+        (Phase::Deleting, true) => Ok(phase),
+        (_, true) => Err(RuleError::failed_precondition(
+            field,
+            "the gateway is being deleted; its phase stays DELETING",
+        )),
+        (_, false) => Ok(phase),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(name: &str, state: StepState) -> ProvisioningStep {
+        ProvisioningStep {
+            name: name.into(),
+            state: state as i32,
+            message: String::new(),
+        }
+    }
+
+    #[test]
+    fn observed_generation_range() {
+        assert!(check_observed_generation(1, 1, 2).is_ok());
+        assert!(check_observed_generation(1, 2, 2).is_ok());
+        let below = check_observed_generation(2, 1, 3).unwrap_err();
+        assert!(matches!(below, RuleError::FailedPrecondition { .. }));
+        assert_eq!(below.field(), Some("gateway.status.observed_generation"));
+        assert!(check_observed_generation(0, 3, 2).is_err());
+    }
+
+    #[test]
+    fn steps_move_forward_only() {
+        use StepState::*;
+        assert_eq!(next_step_state(Pending, InProgress), InProgress);
+        assert_eq!(next_step_state(Complete, InProgress), Complete);
+        assert_eq!(next_step_state(Complete, Pending), Complete);
+        assert_eq!(next_step_state(Complete, Failed), Failed);
+        assert_eq!(next_step_state(Failed, InProgress), InProgress);
+        assert_eq!(next_step_state(Failed, Pending), Pending);
+    }
+
+    #[test]
+    fn merge_keeps_unmentioned_and_appends_new() {
+        let current = vec![
+            step("ManifestsApplied", StepState::Complete),
+            step("WorkloadAvailable", StepState::InProgress),
+        ];
+        let incoming = vec![
+            step("ManifestsApplied", StepState::Pending),
+            step("RouteAdmitted", StepState::Pending),
+        ];
+        let merged = merge_provisioning(&current, &incoming);
+        let states: Vec<_> = merged
+            .iter()
+            .map(|s| (s.name.as_str(), s.state()))
+            .collect();
+        assert_eq!(
+            states,
+            [
+                ("ManifestsApplied", StepState::Complete),
+                ("WorkloadAvailable", StepState::InProgress),
+                ("RouteAdmitted", StepState::Pending)
+            ]
+        );
+    }
+
+    #[test]
+    fn condition_transition_time_moves_only_on_status_change() {
+        let t0 = Timestamp {
+            seconds: 100,
+            nanos: 0,
+        };
+        let t1 = Timestamp {
+            seconds: 200,
+            nanos: 0,
+        };
+        let ready = |status: ConditionStatus, at: Option<Timestamp>| Condition {
+            r#type: "Ready".into(),
+            status: status as i32,
+            last_transition_time: at,
+            ..Default::default()
+        };
+        let current = vec![ready(ConditionStatus::False, Some(t0))];
+        let same = merge_conditions(&current, &[ready(ConditionStatus::False, None)], &t1);
+        assert_eq!(same[0].last_transition_time, Some(t0));
+        let flipped = merge_conditions(&current, &[ready(ConditionStatus::True, None)], &t1);
+        assert_eq!(flipped[0].last_transition_time, Some(t1));
+    }
+
+    #[test]
+    fn invalid_steps_and_conditions() {
+        assert!(validate_provisioning(&[step("", StepState::Pending)]).is_err());
+        assert!(validate_provisioning(&[step("A", StepState::Unspecified)]).is_err());
+        assert!(validate_provisioning(&[
+            step("A", StepState::Pending),
+            step("A", StepState::Complete)
+        ])
+        .is_err());
+        let c = Condition {
+            r#type: "Ready".into(),
+            status: 9,
+            ..Default::default()
+        };
+        assert_eq!(
+            validate_conditions(&[c], 1).unwrap_err().field(),
+            Some("gateway.status.conditions[0]")
+        );
+    }
+
+    #[test]
+    fn phases() {
+        assert_eq!(
+            check_phase(Phase::Running as i32, false),
+            Ok(Phase::Running)
+        );
+        assert!(check_phase(Phase::Unspecified as i32, false).is_err());
+        assert!(check_phase(42, false).is_err());
+        assert!(check_phase(Phase::Deleting as i32, false).is_err());
+        assert!(check_phase(Phase::Running as i32, true).is_err());
+        assert_eq!(
+            check_phase(Phase::Deleting as i32, true),
+            Ok(Phase::Deleting)
+        );
+    }
+}
