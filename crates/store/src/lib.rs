@@ -1,1 +1,267 @@
+//! gateway-store: the desired-state store for Gateways.
+//!
+//! ```text
+//! gRPC (tonic) ─► auth (bearer token → role) ─► service (request shape)
+//!             ─► storage.mutate(name, rule) ─► [tx: lock row, gantry-core rule,
+//!                 revision + 1, row + event row, commit] ─► answer
+//! HTTP ─► /healthz, /readyz (database ping), /metrics
+//! ```
+//!
+//! [`serve`] takes its listeners and a shutdown future, so tests bind port 0
+//! and stop the server cleanly; [`run`] is what the binary calls.
 
+#![forbid(unsafe_code)]
+
+pub mod auth;
+pub mod config;
+pub mod errors;
+pub mod http;
+pub mod metrics;
+pub mod service;
+pub mod storage;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gantry_api::v1::gateway_service_server::GatewayServiceServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::{Identity, Server, ServerTlsConfig};
+
+use crate::auth::Authenticator;
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::service::GatewayApi;
+use crate::storage::{postgres::PostgresStorage, sqlite::SqliteStorage, Storage, StorageError};
+
+/// Largest request the gRPC API accepts.
+pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
+/// Largest response the gRPC API sends (pages are bounded well below).
+pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Why the store could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot read {what} {path}: {source}")]
+    ReadFile {
+        what: &'static str,
+        path: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Tokens(#[from] auth::TokensFileError),
+    #[error(
+        "no --tokens-file given: refusing to serve without authentication; pass --tokens-file, or --allow-unauthenticated for local development"
+    )]
+    NoAuthentication,
+    #[error("cannot open the database: {0}")]
+    Storage(#[from] StorageError),
+    #[error("cannot create the data directory {path}: {source}")]
+    DataDir {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("HTTP server: {0}")]
+    Http(std::io::Error),
+}
+
+/// Everything [`serve`] needs besides its listeners.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub storage: Arc<dyn Storage>,
+    pub auth: Arc<Authenticator>,
+    /// PEM certificate chain and key.
+    pub tls: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+fn read(what: &'static str, path: &std::path::Path) -> Result<Vec<u8>, ServeError> {
+    std::fs::read(path).map_err(|source| ServeError::ReadFile {
+        what,
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// Opens the storage a URL names: `postgres://` or `postgresql://` is
+/// PostgreSQL, anything else SQLite.
+pub async fn open_storage(url: &str) -> Result<Arc<dyn Storage>, StorageError> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(PostgresStorage::open(url).await?))
+    } else {
+        Ok(Arc::new(SqliteStorage::open(url).await?))
+    }
+}
+
+/// Builds [`Settings`] from flags: reads the tokens and TLS files and opens
+/// the database (creating the data directory for SQLite).
+pub async fn settings_from_config(config: &Config) -> Result<Settings, ServeError> {
+    let auth = match (&config.auth.tokens_file, config.auth.allow_unauthenticated) {
+        (Some(path), _) => {
+            let text = read("tokens file", path)?;
+            Authenticator::parse_tokens_file(&String::from_utf8_lossy(&text))?
+        }
+        (None, true) => {
+            tracing::warn!(
+                "serving WITHOUT authentication (--allow-unauthenticated): every caller is admin"
+            );
+            Authenticator::Unauthenticated
+        }
+        (None, false) => return Err(ServeError::NoAuthentication),
+    };
+    let tls = match (&config.tls.tls_cert, &config.tls.tls_key) {
+        (Some(cert), Some(key)) => Some((read("TLS certificate", cert)?, read("TLS key", key)?)),
+        _ => None,
+    };
+    if config.database_url.is_none() {
+        std::fs::create_dir_all(&config.data_dir).map_err(|source| ServeError::DataDir {
+            path: config.data_dir.display().to_string(),
+            source,
+        })?;
+    }
+    let url = config.effective_database_url();
+    let storage = open_storage(&url).await?;
+    tracing::info!(database = %config::redact_url(&url), backend = storage.backend(), "database open");
+    Ok(Settings {
+        storage,
+        auth: Arc::new(auth),
+        tls,
+    })
+}
+
+/// Binds the configured addresses and serves until `shutdown` completes.
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let settings = settings_from_config(&config).await?;
+    let bind = |addr: std::net::SocketAddr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Bind {
+                addr: addr.to_string(),
+                source,
+            })
+    };
+    let grpc = bind(config.listen).await?;
+    let http = bind(config.http_listen).await?;
+    serve(settings, grpc, http, shutdown).await
+}
+
+/// Serves the gRPC API on `grpc` and the HTTP endpoints on `http` until
+/// `shutdown` completes, then drains in-flight requests.
+pub async fn serve(
+    settings: Settings,
+    grpc: TcpListener,
+    http: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let metrics = Arc::new(Metrics::default());
+    let api = GatewayApi::new(
+        settings.storage.clone(),
+        settings.auth.clone(),
+        metrics.clone(),
+    );
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<GatewayServiceServer<GatewayApi>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(gantry_api::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    };
+
+    let mut builder = Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)));
+    if let Some((cert, key)) = &settings.tls {
+        builder =
+            builder.tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))?;
+    }
+    let grpc_addr = grpc.local_addr().ok();
+    let http_addr = http.local_addr().ok();
+    let router = builder
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(
+            GatewayServiceServer::new(api)
+                .max_decoding_message_size(MAX_REQUEST_BYTES)
+                .max_encoding_message_size(MAX_RESPONSE_BYTES),
+        );
+
+    let http_server = axum::serve(http, http::router(settings.storage.clone(), metrics))
+        .with_graceful_shutdown(stopped(stop_rx.clone()));
+    tracing::info!(grpc = ?grpc_addr, http = ?http_addr, tls = settings.tls.is_some(), "gateway-store serving");
+
+    let reporter = health_reporter.clone();
+    let grpc_stop = stop_rx.clone();
+    let grpc_server =
+        router.serve_with_incoming_shutdown(TcpListenerStream::new(grpc), async move {
+            stopped(grpc_stop).await;
+            reporter
+                .set_not_serving::<GatewayServiceServer<GatewayApi>>()
+                .await;
+            tracing::info!("shutting down: draining in-flight requests");
+        });
+    let (grpc_result, http_result) = tokio::join!(grpc_server, http_server);
+    grpc_result?;
+    http_result.map_err(ServeError::Http)?;
+    tracing::info!("gateway-store stopped");
+    Ok(())
+}
+
+/// Installs the tracing subscriber for a binary.
+pub fn init_logging(args: &config::LogArgs) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        config::LogFormat::Json => builder.json().flatten_event(true).init(),
+        config::LogFormat::Pretty => builder.init(),
+    }
+}
+
+/// Completes on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+    tracing::info!("shutdown signal received");
+}

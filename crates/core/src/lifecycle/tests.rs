@@ -396,7 +396,7 @@ proptest! {
                 let was_failed = previous.is_some_and(|p| p.state() == StepState::Failed);
                 if let Some(p) = previous {
                     if !incoming_failed && !was_failed {
-                        prop_assert!(s.state as i32 >= p.state as i32, "{} regressed", s.name);
+                        prop_assert!(s.state >= p.state, "{} regressed", s.name);
                     }
                 }
             }

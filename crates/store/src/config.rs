@@ -1,0 +1,177 @@
+//! Command-line flags of gateway-store; every flag also reads an
+//! environment variable.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, ValueEnum};
+
+/// The desired-state store for Gateways.
+#[derive(Parser, Clone)]
+#[command(
+    name = "gateway-store",
+    version,
+    about = "gRPC desired-state store for Gateways, on SQLite (default) or PostgreSQL",
+    after_help = "Examples:\n  \
+        gateway-store --allow-unauthenticated                     # local, SQLite under ./gantry-data\n  \
+        gateway-store --tokens-file tokens.csv --database-url postgres://gantry@db/gantry"
+)]
+pub struct Config {
+    /// Address of the gRPC API.
+    #[arg(long, env = "GANTRY_STORE_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+
+    /// Address of the HTTP endpoints /healthz, /readyz and /metrics.
+    #[arg(
+        long,
+        env = "GANTRY_STORE_HTTP_LISTEN",
+        default_value = "127.0.0.1:9090"
+    )]
+    pub http_listen: SocketAddr,
+
+    /// Directory of the embedded SQLite database (used when no
+    /// --database-url is given).
+    #[arg(long, env = "GANTRY_DATA_DIR", default_value = "gantry-data")]
+    pub data_dir: PathBuf,
+
+    /// Database URL: `postgres://...` or `sqlite://PATH`. Default: a SQLite
+    /// file in --data-dir.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: Option<String>,
+
+    #[command(flatten)]
+    pub auth: AuthArgs,
+
+    #[command(flatten)]
+    pub tls: TlsArgs,
+
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// Authentication flags.
+#[derive(Args, Clone, Debug)]
+pub struct AuthArgs {
+    /// Static tokens file: one `token,subject,role` line per token; roles
+    /// viewer, editor, reconciler, admin.
+    #[arg(long, env = "GANTRY_TOKENS_FILE")]
+    pub tokens_file: Option<PathBuf>,
+
+    /// Serve without authentication (every caller is admin). Only for local
+    /// development; refused together with --tokens-file.
+    #[arg(
+        long,
+        env = "GANTRY_ALLOW_UNAUTHENTICATED",
+        conflicts_with = "tokens_file"
+    )]
+    pub allow_unauthenticated: bool,
+}
+
+/// TLS flags.
+#[derive(Args, Clone, Debug)]
+pub struct TlsArgs {
+    /// PEM certificate chain of the gRPC server; enables TLS.
+    #[arg(long, env = "GANTRY_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key matching --tls-cert.
+    #[arg(long, env = "GANTRY_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+/// Logging flags.
+#[derive(Args, Clone, Debug)]
+pub struct LogArgs {
+    /// Log format.
+    #[arg(long, env = "GANTRY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
+    pub log_format: LogFormat,
+
+    /// Log filter, in tracing's EnvFilter syntax.
+    #[arg(long, env = "GANTRY_LOG", default_value = "info")]
+    pub log_level: String,
+}
+
+/// How logs are written.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
+
+impl Config {
+    /// The database URL in effect.
+    pub fn effective_database_url(&self) -> String {
+        match &self.database_url {
+            Some(url) => url.clone(),
+            None => format!("sqlite://{}", self.data_dir.join("gantry.db").display()),
+        }
+    }
+}
+
+/// Hides the password of a database URL.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}{user}:***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Config")
+            .field("listen", &self.listen)
+            .field("http_listen", &self.http_listen)
+            .field("data_dir", &self.data_dir)
+            .field(
+                "database_url",
+                &self.database_url.as_deref().map(redact_url),
+            )
+            .field("auth", &self.auth)
+            .field("tls", &self.tls)
+            .field("log", &self.log)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_url_password_is_hidden() {
+        assert_eq!(
+            redact_url("postgres://gantry:s3cret@db:5432/gantry"),
+            "postgres://gantry:***@db:5432/gantry"
+        );
+        let config =
+            Config::parse_from(["gateway-store", "--database-url", "postgres://u:pw@h/db"]);
+        assert!(!format!("{config:?}").contains("pw@"));
+    }
+
+    #[test]
+    fn default_database_is_sqlite_in_data_dir() {
+        let config = Config::parse_from(["gateway-store", "--data-dir", "/var/lib/gantry"]);
+        assert_eq!(
+            config.effective_database_url(),
+            "sqlite:///var/lib/gantry/gantry.db"
+        );
+    }
+
+    #[test]
+    fn tokens_and_unauthenticated_conflict() {
+        let parsed = Config::try_parse_from([
+            "gateway-store",
+            "--tokens-file",
+            "t",
+            "--allow-unauthenticated",
+        ]);
+        assert!(parsed.is_err());
+    }
+}

@@ -1,0 +1,84 @@
+//! Prometheus metrics of the store: per-RPC counts by code and latency.
+
+use std::time::Instant;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RpcLabels {
+    method: String,
+    code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabels {
+    method: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 50 µs .. ~1.6 s
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
+}
+
+/// The store's metrics and the registry they are exported from.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RpcLabels, Counter>,
+    latency: Family<MethodLabels, Histogram, fn() -> Histogram>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("gantry_store");
+        let requests = Family::<RpcLabels, Counter>::default();
+        let latency = Family::<MethodLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+            latency_histogram,
+        );
+        registry.register(
+            "grpc_requests",
+            "gRPC requests handled, by method and status code",
+            requests.clone(),
+        );
+        registry.register(
+            "grpc_request_duration_seconds",
+            "gRPC request latency, by method",
+            latency.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            latency,
+        }
+    }
+}
+
+impl Metrics {
+    /// Records one finished RPC.
+    pub fn observe(&self, method: &str, started: Instant, code: tonic::Code) {
+        let code = format!("{code:?}");
+        self.requests
+            .get_or_create(&RpcLabels {
+                method: method.to_string(),
+                code,
+            })
+            .inc();
+        self.latency
+            .get_or_create(&MethodLabels {
+                method: method.to_string(),
+            })
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

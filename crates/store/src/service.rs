@@ -1,0 +1,352 @@
+//! The `gantry.v1.GatewayService` implementation: authenticate, validate
+//! the request shape, run the core rule inside a storage transaction, and
+//! map the outcome to a gRPC answer.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
+use gantry_api::v1::gateway_service_server::GatewayService;
+use gantry_api::v1::{
+    CreateGatewayRequest, DeleteGatewayRequest, Gateway, GetGatewayRequest, ListGatewaysRequest,
+    ListGatewaysResponse, UpdateGatewayRequest, WatchEvent, WatchGatewaysRequest,
+};
+use gantry_core::{lifecycle, validation, RuleError, Selector};
+use prost::Message as _;
+use prost_types::Timestamp;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::auth::{Authenticator, Principal};
+use crate::errors::{invalid, rule_status, storage_status};
+use crate::metrics::Metrics;
+use crate::storage::Storage;
+
+/// Default and maximum `page_size` of ListGateways.
+pub const DEFAULT_PAGE_SIZE: usize = 100;
+pub const MAX_PAGE_SIZE: usize = 1000;
+/// A page stops growing past this many encoded bytes, so a response stays
+/// well under the encoding limit even with large gateways.
+pub const PAGE_BYTE_BUDGET: usize = 4 * 1024 * 1024;
+
+/// The gRPC service over a [`Storage`].
+#[derive(Debug, Clone)]
+pub struct GatewayApi {
+    storage: Arc<dyn Storage>,
+    auth: Arc<Authenticator>,
+    metrics: Arc<Metrics>,
+}
+
+impl GatewayApi {
+    pub fn new(storage: Arc<dyn Storage>, auth: Arc<Authenticator>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            storage,
+            auth,
+            metrics,
+        }
+    }
+
+    fn authenticate<T>(&self, request: &Request<T>) -> Result<Principal, Status> {
+        self.auth.authenticate(request.metadata())
+    }
+
+    async fn observed<T>(
+        &self,
+        method: &str,
+        work: impl std::future::Future<Output = Result<T, Status>>,
+    ) -> Result<Response<T>, Status> {
+        let started = Instant::now();
+        let result = work.await;
+        let code = result
+            .as_ref()
+            .map_or_else(Status::code, |_| tonic::Code::Ok);
+        self.metrics.observe(method, started, code);
+        if let Err(status) = &result {
+            if matches!(
+                status.code(),
+                tonic::Code::Internal | tonic::Code::Unavailable
+            ) {
+                tracing::warn!(method, code = ?status.code(), message = status.message(), "request failed");
+            }
+        }
+        result.map(Response::new)
+    }
+
+    async fn create(&self, request: Request<CreateGatewayRequest>) -> Result<Gateway, Status> {
+        let principal = self.authenticate(&request)?;
+        let gateway = request
+            .into_inner()
+            .gateway
+            .ok_or_else(|| invalid("gateway", "required"))?;
+        let name = gateway
+            .metadata
+            .as_ref()
+            .map(|m| m.name.clone())
+            .unwrap_or_default();
+        validation::validate_name("gateway.metadata.name", &name).map_err(|e| rule_status(&e))?;
+        let uid = uuid::Uuid::new_v4().to_string();
+        let (role, now) = (principal.role, now());
+        let committed = self
+            .storage
+            .mutate(
+                &name,
+                Box::new(move |existing| lifecycle::create(existing, gateway, role, uid, now)),
+            )
+            .await
+            .map_err(storage_status)?;
+        tracing::info!(gateway = %name, subject = %principal.subject, "created");
+        Ok(committed.gateway)
+    }
+
+    async fn get(&self, request: Request<GetGatewayRequest>) -> Result<Gateway, Status> {
+        self.authenticate(&request)?;
+        let name = request.into_inner().name;
+        validation::validate_name("name", &name).map_err(|e| rule_status(&e))?;
+        self.storage
+            .get(&name)
+            .await
+            .map_err(storage_status)?
+            .ok_or_else(|| rule_status(&RuleError::NotFound(name)))
+    }
+
+    async fn list(
+        &self,
+        request: Request<ListGatewaysRequest>,
+    ) -> Result<ListGatewaysResponse, Status> {
+        self.authenticate(&request)?;
+        let request = request.into_inner();
+        let page_size = match request.page_size {
+            0 => DEFAULT_PAGE_SIZE,
+            n if n < 0 => return Err(invalid("page_size", "must be 0 (default 100) or more")),
+            n => usize::try_from(n)
+                .unwrap_or(MAX_PAGE_SIZE)
+                .min(MAX_PAGE_SIZE),
+        };
+        let selector = Selector::parse(&request.label_selector)
+            .map_err(|e| invalid("label_selector", e.to_string()))?;
+        let (mut after, mut revision) = match request.page_token.as_str() {
+            "" => (String::new(), None),
+            token => {
+                let (revision, after) = PageToken::decode(token)?;
+                (after, Some(revision))
+            }
+        };
+        let batch = if selector.is_empty() {
+            page_size + 1
+        } else {
+            (page_size + 1).max(500)
+        };
+        let mut gateways = Vec::new();
+        let mut bytes = 0;
+        let mut more = false;
+        'scan: loop {
+            let snapshot = self
+                .storage
+                .list(&after, batch)
+                .await
+                .map_err(storage_status)?;
+            revision.get_or_insert(snapshot.revision);
+            let exhausted = snapshot.gateways.len() < batch;
+            for gateway in snapshot.gateways {
+                let labels = gateway.metadata.as_ref().map(|m| &m.labels);
+                if !labels.is_some_and(|l| selector.matches(l)) {
+                    after = gateway_name(&gateway);
+                    continue;
+                }
+                if gateways.len() == page_size
+                    || (bytes >= PAGE_BYTE_BUDGET && !gateways.is_empty())
+                {
+                    more = true;
+                    break 'scan;
+                }
+                bytes += gateway.encoded_len();
+                after = gateway_name(&gateway);
+                gateways.push(gateway);
+            }
+            if exhausted {
+                break;
+            }
+        }
+        let revision = revision.unwrap_or_default();
+        let next_page_token = if more {
+            PageToken::encode(revision, &after)
+        } else {
+            String::new()
+        };
+        Ok(ListGatewaysResponse {
+            gateways,
+            next_page_token,
+            resource_version: revision,
+        })
+    }
+
+    async fn update(&self, request: Request<UpdateGatewayRequest>) -> Result<Gateway, Status> {
+        let principal = self.authenticate(&request)?;
+        let request = request.into_inner();
+        let gateway = request
+            .gateway
+            .ok_or_else(|| invalid("gateway", "required"))?;
+        let name = gateway
+            .metadata
+            .as_ref()
+            .map(|m| m.name.clone())
+            .unwrap_or_default();
+        validation::validate_name("gateway.metadata.name", &name).map_err(|e| rule_status(&e))?;
+        let paths = request.update_mask.map(|m| m.paths).unwrap_or_default();
+        let (role, now, target) = (principal.role, now(), name.clone());
+        let committed = self
+            .storage
+            .mutate(
+                &name,
+                Box::new(move |current| match current {
+                    None => Err(RuleError::NotFound(target)),
+                    Some(current) => lifecycle::update(current, &gateway, &paths, role, now),
+                }),
+            )
+            .await
+            .map_err(storage_status)?;
+        if committed.event.is_some() {
+            tracing::debug!(gateway = %name, subject = %principal.subject, "updated");
+        }
+        Ok(committed.gateway)
+    }
+
+    async fn delete(&self, request: Request<DeleteGatewayRequest>) -> Result<Gateway, Status> {
+        let principal = self.authenticate(&request)?;
+        let request = request.into_inner();
+        validation::validate_name("name", &request.name).map_err(|e| rule_status(&e))?;
+        let (role, now, target, rv) = (
+            principal.role,
+            now(),
+            request.name.clone(),
+            request.resource_version,
+        );
+        let committed = self
+            .storage
+            .mutate(
+                &request.name,
+                Box::new(move |current| match current {
+                    None => Err(RuleError::NotFound(target)),
+                    Some(current) => lifecycle::delete(current, rv, role, now),
+                }),
+            )
+            .await
+            .map_err(storage_status)?;
+        tracing::info!(gateway = %request.name, subject = %principal.subject, "delete requested");
+        Ok(committed.gateway)
+    }
+}
+
+fn gateway_name(g: &Gateway) -> String {
+    g.metadata
+        .as_ref()
+        .map(|m| m.name.clone())
+        .unwrap_or_default()
+}
+
+fn now() -> Timestamp {
+    Timestamp::from(SystemTime::now())
+}
+
+/// The opaque `page_token` of ListGateways: the listing's revision and the
+/// last name returned (keyset pagination, so every row that exists for the
+/// whole listing is returned exactly once).
+struct PageToken;
+
+impl PageToken {
+    fn encode(revision: i64, after: &str) -> String {
+        URL_SAFE_NO_PAD.encode(format!("{revision}:{after}"))
+    }
+
+    fn decode(token: &str) -> Result<(i64, String), Status> {
+        let bad = || {
+            invalid(
+                "page_token",
+                "not a token returned by ListGateways; start again without one",
+            )
+        };
+        let bytes = URL_SAFE_NO_PAD.decode(token).map_err(|_| bad())?;
+        let text = String::from_utf8(bytes).map_err(|_| bad())?;
+        let (revision, after) = text.split_once(':').ok_or_else(bad)?;
+        let revision = revision.parse().map_err(|_| bad())?;
+        Ok((revision, after.to_string()))
+    }
+}
+
+/// Stream of WatchGateways.
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl GatewayService for GatewayApi {
+    async fn create_gateway(
+        &self,
+        request: Request<CreateGatewayRequest>,
+    ) -> Result<Response<Gateway>, Status> {
+        self.observed("CreateGateway", self.create(request)).await
+    }
+
+    async fn get_gateway(
+        &self,
+        request: Request<GetGatewayRequest>,
+    ) -> Result<Response<Gateway>, Status> {
+        self.observed("GetGateway", self.get(request)).await
+    }
+
+    async fn list_gateways(
+        &self,
+        request: Request<ListGatewaysRequest>,
+    ) -> Result<Response<ListGatewaysResponse>, Status> {
+        self.observed("ListGateways", self.list(request)).await
+    }
+
+    async fn update_gateway(
+        &self,
+        request: Request<UpdateGatewayRequest>,
+    ) -> Result<Response<Gateway>, Status> {
+        self.observed("UpdateGateway", self.update(request)).await
+    }
+
+    async fn delete_gateway(
+        &self,
+        request: Request<DeleteGatewayRequest>,
+    ) -> Result<Response<Gateway>, Status> {
+        self.observed("DeleteGateway", self.delete(request)).await
+    }
+
+    type WatchGatewaysStream = WatchStream;
+
+    async fn watch_gateways(
+        &self,
+        request: Request<WatchGatewaysRequest>,
+    ) -> Result<Response<Self::WatchGatewaysStream>, Status> {
+        let work = async {
+            self.authenticate(&request)?;
+            Err::<WatchStream, _>(Status::unimplemented(
+                "WatchGateways is not served by this version yet; poll ListGateways with its resource_version",
+            ))
+        };
+        self.observed("WatchGateways", work).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_tokens_round_trip_and_reject_garbage() {
+        let token = PageToken::encode(42, "edge-7");
+        assert_eq!(
+            PageToken::decode(&token).unwrap(),
+            (42, "edge-7".to_string())
+        );
+        for bad in ["%%%", "bm90LWEtdG9rZW4", ""] {
+            assert_eq!(
+                PageToken::decode(bad).unwrap_err().code(),
+                tonic::Code::InvalidArgument
+            );
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! SQLite backend: the embedded default. One file in WAL mode with
+//! `synchronous = FULL`, so a commit is on disk before the write is
+//! acknowledged. Writes go through a single writer connection (SQLite has
+//! one writer at a time; queuing them here avoids SQLITE_BUSY), reads use a
+//! small pool of readers that see consistent WAL snapshots.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use gantry_api::v1::Gateway;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+use super::{
+    decode, sql, write_in_transaction, Committed, Mutation, Snapshot, Storage, StorageError,
+};
+
+/// Gateways in a SQLite file.
+#[derive(Debug, Clone)]
+pub struct SqliteStorage {
+    writer: SqlitePool,
+    readers: SqlitePool,
+}
+
+impl SqliteStorage {
+    /// Opens (creating if needed) the database at `url` (`sqlite://PATH`)
+    /// and applies the migrations.
+    pub async fn open(url: &str) -> Result<Self, StorageError> {
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(10));
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options.clone())
+            .await?;
+        sqlx::migrate!("./migrations/sqlite").run(&writer).await?;
+        let readers = SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(options)
+            .await?;
+        Ok(Self { writer, readers })
+    }
+}
+
+#[tonic::async_trait]
+impl Storage for SqliteStorage {
+    async fn get(&self, name: &str) -> Result<Option<Gateway>, StorageError> {
+        let row: Option<(Vec<u8>,)> = sqlx::query_as(sql::SELECT_OBJECT)
+            .bind(name)
+            .fetch_optional(&self.readers)
+            .await?;
+        row.map(|(bytes,)| decode(name, &bytes)).transpose()
+    }
+
+    async fn list(&self, after: &str, limit: usize) -> Result<Snapshot, StorageError> {
+        let mut tx = self.readers.begin().await?;
+        let (revision,): (i64,) = sqlx::query_as(sql::CURRENT_REVISION)
+            .fetch_one(&mut *tx)
+            .await?;
+        let rows: Vec<(String, Vec<u8>)> = sqlx::query_as(sql::LIST)
+            .bind(after)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        let gateways = rows
+            .iter()
+            .map(|(name, bytes)| decode(name, bytes))
+            .collect::<Result<_, _>>()?;
+        Ok(Snapshot { gateways, revision })
+    }
+
+    async fn mutate(&self, name: &str, mutation: Mutation) -> Result<Committed, StorageError> {
+        // IMMEDIATE takes the write lock up front, so the read below cannot
+        // be invalidated before this transaction writes.
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+        let committed = write_in_transaction!(tx, name, mutation, sql::SELECT_OBJECT);
+        tx.commit().await?;
+        Ok(committed)
+    }
+
+    async fn ping(&self) -> Result<(), StorageError> {
+        sqlx::query("SELECT 1").execute(&self.readers).await?;
+        Ok(())
+    }
+
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+}
