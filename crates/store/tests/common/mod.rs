@@ -1,0 +1,339 @@
+//! Test harness: a real gateway-store on real sockets over a fresh SQLite
+//! file or a fresh PostgreSQL database, and authenticated gRPC clients.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gantry_api::v1::gateway_service_client::GatewayServiceClient;
+use gantry_api::v1::{CreateGatewayRequest, Gateway, GatewaySpec, ObjectMeta};
+use gantry_store::auth::Authenticator;
+use gantry_store::storage::Storage;
+use gantry_store::Settings;
+use sqlx::Connection;
+use tokio::net::TcpListener;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+use tonic::{Request, Status};
+
+pub const VIEWER: &str = "viewer-token-0000000001";
+pub const EDITOR: &str = "editor-token-0000000002";
+pub const RECONCILER: &str = "reconciler-token-00003";
+pub const ADMIN: &str = "admin-token-00000000004";
+
+pub const TOKENS_FILE: &str = "# test tokens\n\
+    viewer-token-0000000001,vera,viewer\n\
+    editor-token-0000000002,eddie,editor\n\
+    reconciler-token-00003,gateway-reconciler,reconciler\n\
+    admin-token-00000000004,ada,admin\n";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// Where the PostgreSQL tests connect to create their databases.
+pub fn postgres_admin_url() -> String {
+    std::env::var("GANTRY_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// A database made for one test and removed after it.
+pub struct TestDatabase {
+    pub url: String,
+    cleanup: Cleanup,
+}
+
+enum Cleanup {
+    Directory(PathBuf),
+    Postgres { admin_url: String, name: String },
+}
+
+impl TestDatabase {
+    /// A fresh database, or `None` when PostgreSQL is unreachable outside CI
+    /// (under CI=true that is a failure).
+    pub async fn create(backend: Backend) -> Option<TestDatabase> {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        match backend {
+            Backend::Sqlite => {
+                let dir = std::env::temp_dir().join(format!("gantry-test-{id}"));
+                std::fs::create_dir_all(&dir).unwrap();
+                let url = format!("sqlite://{}", dir.join("gantry.db").display());
+                Some(TestDatabase {
+                    url,
+                    cleanup: Cleanup::Directory(dir),
+                })
+            }
+            Backend::Postgres => {
+                let admin_url = postgres_admin_url();
+                let connect = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    sqlx::PgConnection::connect(&admin_url),
+                );
+                let mut admin = match connect.await {
+                    Ok(Ok(conn)) => conn,
+                    Ok(Err(e)) if !in_ci() => {
+                        eprintln!("SKIPPED: PostgreSQL at {admin_url} unreachable ({e}); set GANTRY_TEST_POSTGRES_URL");
+                        return None;
+                    }
+                    Err(_) if !in_ci() => {
+                        eprintln!("SKIPPED: PostgreSQL at {admin_url} did not answer");
+                        return None;
+                    }
+                    other => {
+                        panic!("CI=true and PostgreSQL at {admin_url} is unreachable: {other:?}")
+                    }
+                };
+                let name = format!("gantry_test_{id}");
+                sqlx::query(&format!("CREATE DATABASE {name}"))
+                    .execute(&mut admin)
+                    .await
+                    .unwrap();
+                let base = admin_url
+                    .rsplit_once('/')
+                    .map_or(admin_url.as_str(), |(b, _)| b);
+                let url = format!("{base}/{name}");
+                Some(TestDatabase {
+                    url,
+                    cleanup: Cleanup::Postgres { admin_url, name },
+                })
+            }
+        }
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        match &self.cleanup {
+            Cleanup::Directory(dir) => {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            Cleanup::Postgres { admin_url, name } => {
+                let (admin_url, name) = (admin_url.clone(), name.clone());
+                // Drop runs outside async context (and during panics): use a
+                // short-lived runtime on its own thread.
+                let _ = std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    rt.block_on(async {
+                        if let Ok(mut admin) = sqlx::PgConnection::connect(&admin_url).await {
+                            let _ = sqlx::query(&format!(
+                                "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                            ))
+                            .execute(&mut admin)
+                            .await;
+                        }
+                    });
+                })
+                .join();
+            }
+        }
+    }
+}
+
+/// A running store.
+pub struct TestStore {
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+    pub storage: Arc<dyn Storage>,
+    pub backend: Backend,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    pub database: TestDatabase,
+}
+
+impl TestStore {
+    pub async fn start(backend: Backend) -> Option<TestStore> {
+        let database = TestDatabase::create(backend).await?;
+        let storage = gantry_store::open_storage(&database.url).await.unwrap();
+        let auth = Authenticator::parse_tokens_file(TOKENS_FILE).unwrap();
+        let settings = Settings {
+            storage: storage.clone(),
+            auth: Arc::new(auth),
+            tls: None,
+        };
+        let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (grpc_addr, http_addr) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            gantry_store::serve(settings, grpc, http, async {
+                let _ = stopped.await;
+            })
+            .await
+            .unwrap();
+        });
+        Some(TestStore {
+            grpc: grpc_addr,
+            http: http_addr,
+            storage,
+            backend,
+            stop: Some(stop),
+            task: Some(task),
+            database,
+        })
+    }
+
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://{}", self.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    /// A client that sends `token` (or none when empty).
+    pub async fn client(&self, token: &str) -> Client {
+        GatewayServiceClient::with_interceptor(self.channel().await, Bearer(token.to_string()))
+    }
+
+    /// `(generation, observed_generation)` read straight from the row.
+    pub async fn raw_generations(&self, name: &str) -> Option<(i64, i64)> {
+        let sql = "SELECT generation, observed_generation FROM gateways WHERE name = $1";
+        match self.backend {
+            Backend::Sqlite => {
+                let mut c = sqlx::SqliteConnection::connect(&self.database.url)
+                    .await
+                    .unwrap();
+                sqlx::query_as(sql)
+                    .bind(name)
+                    .fetch_optional(&mut c)
+                    .await
+                    .unwrap()
+            }
+            Backend::Postgres => {
+                let mut c = sqlx::PgConnection::connect(&self.database.url)
+                    .await
+                    .unwrap();
+                sqlx::query_as(sql)
+                    .bind(name)
+                    .fetch_optional(&mut c)
+                    .await
+                    .unwrap()
+            }
+        }
+    }
+
+    /// Every revision in the events table, in order.
+    pub async fn event_revisions(&self) -> Vec<i64> {
+        let sql = "SELECT revision FROM gateway_events ORDER BY revision";
+        let rows: Vec<(i64,)> = match self.backend {
+            Backend::Sqlite => {
+                let mut c = sqlx::SqliteConnection::connect(&self.database.url)
+                    .await
+                    .unwrap();
+                sqlx::query_as(sql).fetch_all(&mut c).await.unwrap()
+            }
+            Backend::Postgres => {
+                let mut c = sqlx::PgConnection::connect(&self.database.url)
+                    .await
+                    .unwrap();
+                sqlx::query_as(sql).fetch_all(&mut c).await.unwrap()
+            }
+        };
+        rows.into_iter().map(|(r,)| r).collect()
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(Duration::from_secs(10), task)
+                .await
+                .expect("store stops within 10s")
+                .unwrap();
+        }
+    }
+}
+
+impl Drop for TestStore {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Adds `authorization: Bearer T`.
+#[derive(Clone)]
+pub struct Bearer(pub String);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        if !self.0.is_empty() {
+            request.metadata_mut().insert(
+                "authorization",
+                format!("Bearer {}", self.0).parse().unwrap(),
+            );
+        }
+        Ok(request)
+    }
+}
+
+pub type Client = GatewayServiceClient<InterceptedService<Channel, Bearer>>;
+
+/// A Gateway with a name and an image.
+pub fn gateway(name: &str, image: &str) -> Gateway {
+    Gateway {
+        metadata: Some(ObjectMeta {
+            name: name.into(),
+            ..Default::default()
+        }),
+        spec: Some(GatewaySpec {
+            image: image.into(),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+pub async fn create(client: &mut Client, g: Gateway) -> Gateway {
+    client
+        .create_gateway(CreateGatewayRequest { gateway: Some(g) })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+pub fn meta(g: &Gateway) -> &ObjectMeta {
+    g.metadata.as_ref().unwrap()
+}
+
+/// Runs each listed scenario `async fn(TestStore)` against both backends.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($scenario:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    let store = $crate::common::TestStore::start($crate::common::Backend::Sqlite).await.unwrap();
+                    super::$scenario(&store).await;
+                    store.stop().await;
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    let Some(store) = $crate::common::TestStore::start($crate::common::Backend::Postgres).await else {
+                        return;
+                    };
+                    super::$scenario(&store).await;
+                    store.stop().await;
+                }
+            )*
+        }
+    };
+}
