@@ -1,6 +1,8 @@
 //! The gateway-store API over a real gRPC socket, on SQLite and PostgreSQL:
 //! the rules of DESIGN.md as a client sees them.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use common::*;
