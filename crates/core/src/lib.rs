@@ -14,8 +14,10 @@
 
 pub mod access;
 pub mod canonical;
+pub mod duration;
 pub mod error;
 pub mod lifecycle;
+pub mod retry;
 pub mod selector;
 pub mod status;
 pub mod syntax;

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, ValueEnum};
 
@@ -47,7 +48,39 @@ pub struct Config {
     pub tls: TlsArgs,
 
     #[command(flatten)]
+    pub watch: WatchArgs,
+
+    #[command(flatten)]
     pub log: LogArgs,
+}
+
+/// Watch and event-history flags.
+#[derive(Args, Clone, Debug)]
+pub struct WatchArgs {
+    /// Keep at most this many events in the database for resuming watches.
+    #[arg(long, env = "GANTRY_HISTORY_MAX_EVENTS", default_value_t = 100_000)]
+    pub history_max_events: u64,
+
+    /// Drop events older than this (e.g. 1h, 30m).
+    #[arg(long, env = "GANTRY_HISTORY_MAX_AGE", default_value = "1h", value_parser = gantry_core::duration::parse_duration)]
+    pub history_max_age: Duration,
+
+    /// How often old events are compacted.
+    #[arg(long, env = "GANTRY_COMPACTION_INTERVAL", default_value = "1m", value_parser = gantry_core::duration::parse_duration)]
+    pub compaction_interval: Duration,
+
+    /// Events kept in memory so that resuming watches need no query.
+    #[arg(long, env = "GANTRY_WATCH_CACHE_EVENTS", default_value_t = 10_000)]
+    pub watch_cache_events: usize,
+
+    /// How many events a watcher may fall behind before it is ended with
+    /// RESOURCE_EXHAUSTED (it then resumes from its last revision).
+    #[arg(long, env = "GANTRY_WATCH_BUFFER", default_value_t = 4096)]
+    pub watch_buffer: usize,
+
+    /// Interval of BOOKMARK events for watches that allow them.
+    #[arg(long, env = "GANTRY_BOOKMARK_INTERVAL", default_value = "10s", value_parser = gantry_core::duration::parse_duration)]
+    pub bookmark_interval: Duration,
 }
 
 /// Authentication flags.
@@ -135,6 +168,7 @@ impl fmt::Debug for Config {
             )
             .field("auth", &self.auth)
             .field("tls", &self.tls)
+            .field("watch", &self.watch)
             .field("log", &self.log)
             .finish()
     }

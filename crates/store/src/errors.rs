@@ -68,6 +68,10 @@ pub fn storage_status(err: StorageError) -> Status {
                 "database unavailable: {e}; nothing was written, retry later"
             ))
         }
+        StorageError::NotCommitted(reason) => Status::unavailable(format!(
+            "the write did not commit ({reason}); nothing was written, retry later"
+        )),
+        StorageError::Compacted { .. } => Status::out_of_range(err.to_string()),
         StorageError::Migrate(e) => Status::internal(format!("database migration: {e}")),
         StorageError::Corrupt { .. } => {
             tracing::error!(error = %err, "corrupt row");

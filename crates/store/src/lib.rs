@@ -13,12 +13,16 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod background;
 pub mod config;
 pub mod errors;
 pub mod http;
+pub mod hub;
 pub mod metrics;
 pub mod service;
 pub mod storage;
+pub mod watch;
+pub mod writer;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -31,9 +35,14 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 use crate::auth::Authenticator;
 use crate::config::Config;
+use crate::hub::WatchHub;
 use crate::metrics::Metrics;
 use crate::service::GatewayApi;
-use crate::storage::{postgres::PostgresStorage, sqlite::SqliteStorage, Storage, StorageError};
+use crate::storage::{
+    postgres::PostgresStorage, sqlite::SqliteStorage, Retention, Storage, StorageError,
+};
+use crate::watch::WatchContext;
+use crate::writer::Writer;
 
 /// Largest request the gRPC API accepts.
 pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
@@ -82,6 +91,40 @@ pub struct Settings {
     pub auth: Arc<Authenticator>,
     /// PEM certificate chain and key.
     pub tls: Option<(Vec<u8>, Vec<u8>)>,
+    pub watch: WatchSettings,
+}
+
+/// Watch cache, event history and bookmark settings.
+#[derive(Debug, Clone)]
+pub struct WatchSettings {
+    /// Events kept in memory for resuming watches without a query.
+    pub cache_events: usize,
+    /// How far (in events) a subscriber may fall behind before it is ended.
+    pub subscriber_buffer: usize,
+    /// Interval of BOOKMARK events for watches that allow them.
+    pub bookmark_interval: Duration,
+    /// Event history kept in the database.
+    pub retention: Retention,
+    /// How often old events are compacted.
+    pub compaction_interval: Duration,
+    /// How often the events table is read even without a notification.
+    pub poll_interval: Duration,
+}
+
+impl Default for WatchSettings {
+    fn default() -> Self {
+        Self {
+            cache_events: 10_000,
+            subscriber_buffer: 4096,
+            bookmark_interval: Duration::from_secs(10),
+            retention: Retention {
+                max_events: 100_000,
+                max_age_ms: 3_600_000,
+            },
+            compaction_interval: Duration::from_secs(60),
+            poll_interval: Duration::from_secs(1),
+        }
+    }
 }
 
 fn read(what: &'static str, path: &std::path::Path) -> Result<Vec<u8>, ServeError> {
@@ -131,10 +174,22 @@ pub async fn settings_from_config(config: &Config) -> Result<Settings, ServeErro
     let url = config.effective_database_url();
     let storage = open_storage(&url).await?;
     tracing::info!(database = %config::redact_url(&url), backend = storage.backend(), "database open");
+    let watch = WatchSettings {
+        cache_events: config.watch.watch_cache_events,
+        subscriber_buffer: config.watch.watch_buffer,
+        bookmark_interval: config.watch.bookmark_interval,
+        retention: Retention {
+            max_events: i64::try_from(config.watch.history_max_events).unwrap_or(i64::MAX),
+            max_age_ms: i64::try_from(config.watch.history_max_age.as_millis()).unwrap_or(i64::MAX),
+        },
+        compaction_interval: config.watch.compaction_interval,
+        poll_interval: WatchSettings::default().poll_interval,
+    };
     Ok(Settings {
         storage,
         auth: Arc::new(auth),
         tls,
+        watch,
     })
 }
 
@@ -166,11 +221,33 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let metrics = Arc::new(Metrics::default());
-    let api = GatewayApi::new(
+    let head = settings.storage.current_revision().await?;
+    let hub = Arc::new(WatchHub::new(
+        head,
+        settings.watch.cache_events,
+        settings.watch.subscriber_buffer,
+    ));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (writer, writer_task) = Writer::spawn(settings.storage.clone(), hub.clone());
+    let tailer = tokio::spawn(background::run_tailer(
         settings.storage.clone(),
-        settings.auth.clone(),
-        metrics.clone(),
-    );
+        hub.clone(),
+        settings.watch.poll_interval,
+        stop_rx.clone(),
+    ));
+    let compactor = tokio::spawn(background::run_compactor(
+        settings.storage.clone(),
+        settings.watch.retention,
+        settings.watch.compaction_interval,
+        stop_rx.clone(),
+    ));
+    let watch = WatchContext {
+        storage: settings.storage.clone(),
+        hub: hub.clone(),
+        bookmark_interval: settings.watch.bookmark_interval,
+        stop: stop_rx.clone(),
+    };
+    let api = GatewayApi::new(writer, watch, settings.auth.clone(), metrics.clone());
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter
@@ -181,7 +258,6 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
 
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop_tx.send(true);
@@ -224,6 +300,10 @@ pub async fn serve(
             tracing::info!("shutting down: draining in-flight requests");
         });
     let (grpc_result, http_result) = tokio::join!(grpc_server, http_server);
+    // The service (and with it the last writer handle) is gone: the writer
+    // finishes what was queued, then the background tasks stop.
+    let _ = writer_task.await;
+    let _ = tokio::join!(tailer, compactor);
     grpc_result?;
     http_result.map_err(ServeError::Http)?;
     tracing::info!("gateway-store stopped");

@@ -23,6 +23,8 @@ use crate::auth::{Authenticator, Principal};
 use crate::errors::{invalid, rule_status, storage_status};
 use crate::metrics::Metrics;
 use crate::storage::Storage;
+use crate::watch::WatchContext;
+use crate::writer::Writer;
 
 /// Default and maximum `page_size` of ListGateways.
 pub const DEFAULT_PAGE_SIZE: usize = 100;
@@ -35,14 +37,23 @@ pub const PAGE_BYTE_BUDGET: usize = 4 * 1024 * 1024;
 #[derive(Debug, Clone)]
 pub struct GatewayApi {
     storage: Arc<dyn Storage>,
+    writer: Writer,
+    watch: WatchContext,
     auth: Arc<Authenticator>,
     metrics: Arc<Metrics>,
 }
 
 impl GatewayApi {
-    pub fn new(storage: Arc<dyn Storage>, auth: Arc<Authenticator>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(
+        writer: Writer,
+        watch: WatchContext,
+        auth: Arc<Authenticator>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         Self {
-            storage,
+            storage: watch.storage.clone(),
+            writer,
+            watch,
             auth,
             metrics,
         }
@@ -89,7 +100,7 @@ impl GatewayApi {
         let uid = uuid::Uuid::new_v4().to_string();
         let (role, now) = (principal.role, now());
         let committed = self
-            .storage
+            .writer
             .mutate(
                 &name,
                 Box::new(move |existing| lifecycle::create(existing, gateway, role, uid, now)),
@@ -197,7 +208,7 @@ impl GatewayApi {
         let paths = request.update_mask.map(|m| m.paths).unwrap_or_default();
         let (role, now, target) = (principal.role, now(), name.clone());
         let committed = self
-            .storage
+            .writer
             .mutate(
                 &name,
                 Box::new(move |current| match current {
@@ -224,7 +235,7 @@ impl GatewayApi {
             request.resource_version,
         );
         let committed = self
-            .storage
+            .writer
             .mutate(
                 &request.name,
                 Box::new(move |current| match current {
@@ -322,10 +333,10 @@ impl GatewayService for GatewayApi {
         request: Request<WatchGatewaysRequest>,
     ) -> Result<Response<Self::WatchGatewaysStream>, Status> {
         let work = async {
-            self.authenticate(&request)?;
-            Err::<WatchStream, _>(Status::unimplemented(
-                "WatchGateways is not served by this version yet; poll ListGateways with its resource_version",
-            ))
+            let principal = self.authenticate(&request)?;
+            let request = request.into_inner();
+            tracing::debug!(subject = %principal.subject, from = request.resource_version, "watch started");
+            crate::watch::start(self.watch.clone(), request).await
         };
         self.observed("WatchGateways", work).await
     }

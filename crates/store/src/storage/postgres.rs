@@ -1,19 +1,30 @@
-//! PostgreSQL backend. Each write locks its row (`SELECT ... FOR UPDATE`),
-//! then the single `store_revision` row (`UPDATE ... RETURNING`), and holds
-//! both until commit: revisions are therefore assigned in commit order, and
-//! a snapshot at revision R holds exactly the changes up to R. Lists read in
-//! one REPEATABLE READ transaction.
+//! PostgreSQL backend.
+//!
+//! Revisions in commit order: each write locks its row
+//! (`SELECT ... FOR UPDATE`), then the single `store_revision` row
+//! (`UPDATE ... RETURNING`), and holds both until commit. A second writer
+//! blocks on the revision row until the first commits, so revision N+1 is
+//! never committed before N, and a reader that sees N sees everything
+//! before it. (A sequence would not give this: sequence values are handed
+//! out at call time and transactions may commit in another order.)
+//!
+//! Several store replicas: each commit sends `NOTIFY gantry_events` inside
+//! its transaction (delivered at commit); every replica LISTENs and then
+//! reads the events table, which stays the source of truth.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use gantry_api::v1::Gateway;
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 
 use super::{
-    decode, sql, write_in_transaction, Committed, Mutation, Snapshot, Storage, StorageError,
+    compact_in, decode, events_after_in, last_revision, list_in, sql, write_batch, Committed,
+    Event, PendingWrite, Retention, Snapshot, Storage, StorageError,
 };
 
 const SELECT_FOR_UPDATE: &str = "SELECT object FROM gateways WHERE name = $1 FOR UPDATE";
+const CHANNEL: &str = "gantry_events";
 
 /// Gateways in a PostgreSQL database.
 #[derive(Debug, Clone)]
@@ -49,27 +60,71 @@ impl Storage for PostgresStorage {
             .pool
             .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             .await?;
-        let (revision,): (i64,) = sqlx::query_as(sql::CURRENT_REVISION)
-            .fetch_one(&mut *tx)
-            .await?;
-        let rows: Vec<(String, Vec<u8>)> = sqlx::query_as(sql::LIST)
-            .bind(after)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&mut *tx)
-            .await?;
+        let snapshot = list_in!(tx, after, limit);
         tx.commit().await?;
-        let gateways = rows
-            .iter()
-            .map(|(name, bytes)| decode(name, bytes))
-            .collect::<Result<_, _>>()?;
-        Ok(Snapshot { gateways, revision })
+        Ok(snapshot)
     }
 
-    async fn mutate(&self, name: &str, mutation: Mutation) -> Result<Committed, StorageError> {
+    async fn write_batch(
+        &self,
+        writes: Vec<PendingWrite>,
+    ) -> Result<Vec<Result<Committed, StorageError>>, StorageError> {
         let mut tx = self.pool.begin().await?;
-        let committed = write_in_transaction!(tx, name, mutation, SELECT_FOR_UPDATE);
+        let results = write_batch!(tx, writes, SELECT_FOR_UPDATE);
+        if let Some(revision) = last_revision(&results) {
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(CHANNEL)
+                .bind(revision.to_string())
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+        }
+        Ok(results)
+    }
+
+    async fn events_after(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<Arc<Event>>, StorageError> {
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .await?;
+        let events = events_after_in!(tx, after, limit);
         tx.commit().await?;
-        Ok(committed)
+        Ok(events)
+    }
+
+    async fn current_revision(&self) -> Result<i64, StorageError> {
+        let (revision,): (i64,) = sqlx::query_as(sql::CURRENT_REVISION)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(revision)
+    }
+
+    async fn compact(&self, retention: Retention) -> Result<i64, StorageError> {
+        let mut tx = self.pool.begin().await?;
+        // Serialise with writers: the compaction mark and the deleted rows
+        // change together, and no event commits in between.
+        sqlx::query("SELECT revision FROM store_revision WHERE id = 1 FOR UPDATE")
+            .execute(&mut *tx)
+            .await?;
+        let compacted = compact_in!(tx, retention);
+        tx.commit().await?;
+        Ok(compacted)
+    }
+
+    async fn listen_for_commits(&self, wake: Arc<tokio::sync::Notify>) -> Result<(), StorageError> {
+        let mut listener = PgListener::connect_with(&self.pool).await?;
+        listener.listen(CHANNEL).await?;
+        // Anything committed before LISTEN took effect is picked up by the
+        // reader this wakes.
+        wake.notify_one();
+        loop {
+            listener.recv().await?;
+            wake.notify_one();
+        }
     }
 
     async fn ping(&self) -> Result<(), StorageError> {

@@ -1,10 +1,11 @@
 //! SQLite backend: the embedded default. One file in WAL mode with
 //! `synchronous = FULL`, so a commit is on disk before the write is
 //! acknowledged. Writes go through a single writer connection (SQLite has
-//! one writer at a time; queuing them here avoids SQLITE_BUSY), reads use a
+//! one writer at a time; batching them here avoids SQLITE_BUSY), reads use a
 //! small pool of readers that see consistent WAL snapshots.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use gantry_api::v1::Gateway;
@@ -13,7 +14,8 @@ use sqlx::sqlite::{
 };
 
 use super::{
-    decode, sql, write_in_transaction, Committed, Mutation, Snapshot, Storage, StorageError,
+    compact_in, decode, events_after_in, last_revision, list_in, sql, write_batch, Committed,
+    Event, PendingWrite, Retention, Snapshot, Storage, StorageError,
 };
 
 /// Gateways in a SQLite file.
@@ -59,29 +61,48 @@ impl Storage for SqliteStorage {
 
     async fn list(&self, after: &str, limit: usize) -> Result<Snapshot, StorageError> {
         let mut tx = self.readers.begin().await?;
-        let (revision,): (i64,) = sqlx::query_as(sql::CURRENT_REVISION)
-            .fetch_one(&mut *tx)
-            .await?;
-        let rows: Vec<(String, Vec<u8>)> = sqlx::query_as(sql::LIST)
-            .bind(after)
-            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-            .fetch_all(&mut *tx)
-            .await?;
+        let snapshot = list_in!(tx, after, limit);
         tx.commit().await?;
-        let gateways = rows
-            .iter()
-            .map(|(name, bytes)| decode(name, bytes))
-            .collect::<Result<_, _>>()?;
-        Ok(Snapshot { gateways, revision })
+        Ok(snapshot)
     }
 
-    async fn mutate(&self, name: &str, mutation: Mutation) -> Result<Committed, StorageError> {
-        // IMMEDIATE takes the write lock up front, so the read below cannot
-        // be invalidated before this transaction writes.
+    async fn write_batch(
+        &self,
+        writes: Vec<PendingWrite>,
+    ) -> Result<Vec<Result<Committed, StorageError>>, StorageError> {
+        // IMMEDIATE takes the write lock up front, so no read in the batch
+        // can be invalidated before this transaction writes.
         let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-        let committed = write_in_transaction!(tx, name, mutation, sql::SELECT_OBJECT);
+        let results = write_batch!(tx, writes, sql::SELECT_OBJECT);
+        if last_revision(&results).is_some() {
+            tx.commit().await?;
+        }
+        Ok(results)
+    }
+
+    async fn events_after(
+        &self,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<Arc<Event>>, StorageError> {
+        let mut tx = self.readers.begin().await?;
+        let events = events_after_in!(tx, after, limit);
         tx.commit().await?;
-        Ok(committed)
+        Ok(events)
+    }
+
+    async fn current_revision(&self) -> Result<i64, StorageError> {
+        let (revision,): (i64,) = sqlx::query_as(sql::CURRENT_REVISION)
+            .fetch_one(&self.readers)
+            .await?;
+        Ok(revision)
+    }
+
+    async fn compact(&self, retention: Retention) -> Result<i64, StorageError> {
+        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
+        let compacted = compact_in!(tx, retention);
+        tx.commit().await?;
+        Ok(compacted)
     }
 
     async fn ping(&self) -> Result<(), StorageError> {

@@ -11,7 +11,7 @@ use gantry_api::v1::gateway_service_client::GatewayServiceClient;
 use gantry_api::v1::{CreateGatewayRequest, Gateway, GatewaySpec, ObjectMeta};
 use gantry_store::auth::Authenticator;
 use gantry_store::storage::Storage;
-use gantry_store::Settings;
+use gantry_store::{Settings, WatchSettings};
 use sqlx::Connection;
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
@@ -148,18 +148,36 @@ pub struct TestStore {
     pub backend: Backend,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
-    pub database: TestDatabase,
+    pub database: Arc<TestDatabase>,
 }
 
 impl TestStore {
     pub async fn start(backend: Backend) -> Option<TestStore> {
-        let database = TestDatabase::create(backend).await?;
+        Self::start_with(backend, test_watch_settings()).await
+    }
+
+    pub async fn start_with(backend: Backend, watch: WatchSettings) -> Option<TestStore> {
+        let database = Arc::new(TestDatabase::create(backend).await?);
+        Some(Self::serve_on(database, backend, watch).await)
+    }
+
+    /// Another store process on the same database (a replica).
+    pub async fn replica(&self) -> TestStore {
+        Self::serve_on(self.database.clone(), self.backend, test_watch_settings()).await
+    }
+
+    async fn serve_on(
+        database: Arc<TestDatabase>,
+        backend: Backend,
+        watch: WatchSettings,
+    ) -> TestStore {
         let storage = gantry_store::open_storage(&database.url).await.unwrap();
         let auth = Authenticator::parse_tokens_file(TOKENS_FILE).unwrap();
         let settings = Settings {
             storage: storage.clone(),
             auth: Arc::new(auth),
             tls: None,
+            watch,
         };
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -172,7 +190,7 @@ impl TestStore {
             .await
             .unwrap();
         });
-        Some(TestStore {
+        TestStore {
             grpc: grpc_addr,
             http: http_addr,
             storage,
@@ -180,7 +198,7 @@ impl TestStore {
             stop: Some(stop),
             task: Some(task),
             database,
-        })
+        }
     }
 
     pub async fn channel(&self) -> Channel {
@@ -261,6 +279,14 @@ impl Drop for TestStore {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+    }
+}
+
+/// Watch settings for tests: short bookmark interval, default elsewhere.
+pub fn test_watch_settings() -> WatchSettings {
+    WatchSettings {
+        bookmark_interval: Duration::from_millis(200),
+        ..WatchSettings::default()
     }
 }
 

@@ -1,0 +1,425 @@
+//! WatchGateways: every change after a revision, in revision order, with
+//! no gaps and no duplicates.
+//!
+//! A watch walks through up to three sources, always continuing from the
+//! last revision it processed:
+//!
+//! ```text
+//! initial objects (send_initial_events) ─► BOOKMARK(initial_events_end)
+//! events table, page by page (resume older than the watch cache)
+//! watch cache backlog + live broadcast ─► periodic BOOKMARKs
+//! ```
+//!
+//! The stream is pulled by the gRPC layer: nothing is buffered per
+//! subscriber beyond one page, and a subscriber that stops reading falls
+//! behind the shared broadcast buffer and is ended with RESOURCE_EXHAUSTED.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gantry_api::v1::{EventType, Gateway, WatchEvent, WatchGatewaysRequest};
+use gantry_core::{validation, Selector};
+use tokio::sync::{broadcast, watch};
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::errors::{invalid, rule_status, storage_status, ERROR_DOMAIN};
+use crate::hub::WatchHub;
+use crate::service::WatchStream;
+use crate::storage::{Event, Storage, StorageError};
+
+/// Events read per query when a watch resumes from the events table.
+const CATCH_UP_PAGE: usize = 500;
+
+/// `google.rpc.ErrorInfo.reason` of OUT_OF_RANGE: relist, then watch from
+/// the listed revision.
+pub const REASON_COMPACTED: &str = "REVISION_COMPACTED";
+/// Reason of RESOURCE_EXHAUSTED for a subscriber that fell behind: resume.
+pub const REASON_TOO_SLOW: &str = "WATCHER_TOO_SLOW";
+/// Reason of UNAVAILABLE when the store shuts down: resume elsewhere.
+pub const REASON_SHUTTING_DOWN: &str = "STORE_SHUTTING_DOWN";
+
+/// Which events a subscriber wants.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    selector: Selector,
+    name: Option<String>,
+}
+
+impl Filter {
+    /// Parses and checks the request's filters.
+    pub fn from_request(request: &WatchGatewaysRequest) -> Result<Filter, Status> {
+        let selector = Selector::parse(&request.label_selector)
+            .map_err(|e| invalid("label_selector", e.to_string()))?;
+        let name = if request.name.is_empty() {
+            None
+        } else {
+            validation::validate_name("name", &request.name).map_err(|e| rule_status(&e))?;
+            Some(request.name.clone())
+        };
+        Ok(Filter { selector, name })
+    }
+
+    fn matches_labels(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
+        static EMPTY: BTreeMap<String, String> = BTreeMap::new();
+        self.selector.matches(labels.unwrap_or(&EMPTY))
+    }
+
+    /// Whether an object is in the watched set.
+    pub fn matches(&self, gateway: &Gateway) -> bool {
+        let meta = gateway.metadata.as_ref();
+        let name = meta.map_or("", |m| m.name.as_str());
+        self.name.as_deref().is_none_or(|n| n == name)
+            && self.matches_labels(meta.map(|m| &m.labels))
+    }
+
+    /// What a subscriber sees of an event: an object entering the selected
+    /// set is ADDED, one leaving it is DELETED, one outside it is nothing.
+    pub fn apply(&self, event: &Event) -> Option<EventType> {
+        if self.name.as_deref().is_some_and(|n| n != event.name()) {
+            return None;
+        }
+        let now = self.matches_labels(event.labels());
+        let before = event
+            .prev_labels
+            .as_ref()
+            .is_some_and(|l| self.matches_labels(Some(l)));
+        match (event.kind, before, now) {
+            (EventType::Added, _, true) => Some(EventType::Added),
+            (EventType::Modified, true, true) => Some(EventType::Modified),
+            (EventType::Modified, false, true) => Some(EventType::Added),
+            (EventType::Modified, true, false) => Some(EventType::Deleted),
+            (EventType::Deleted, b, n) if b || n => Some(EventType::Deleted),
+            _ => None,
+        }
+    }
+}
+
+/// Watch settings shared by every stream.
+#[derive(Debug, Clone)]
+pub struct WatchContext {
+    pub storage: Arc<dyn Storage>,
+    pub hub: Arc<WatchHub>,
+    pub bookmark_interval: Duration,
+    pub stop: watch::Receiver<bool>,
+}
+
+struct State {
+    ctx: WatchContext,
+    filter: Filter,
+    /// Every change up to here has been processed for this subscriber.
+    last: i64,
+    initial: Option<std::vec::IntoIter<Gateway>>,
+    pending: VecDeque<Arc<Event>>,
+    live: Option<broadcast::Receiver<Arc<Event>>>,
+    bookmarks: Option<tokio::time::Interval>,
+    stopping: bool,
+    done: bool,
+}
+
+fn event_out(kind: EventType, gateway: Option<Gateway>, revision: i64) -> WatchEvent {
+    WatchEvent {
+        r#type: kind as i32,
+        gateway,
+        resource_version: revision,
+        initial_events_end: false,
+    }
+}
+
+fn with_reason(code: Code, message: String, reason: &str, metadata: &[(&str, String)]) -> Status {
+    let metadata: HashMap<String, String> = metadata
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    Status::with_error_details(
+        code,
+        message,
+        ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata),
+    )
+}
+
+/// Starts a watch for `request`.
+pub async fn start(
+    ctx: WatchContext,
+    request: WatchGatewaysRequest,
+) -> Result<WatchStream, Status> {
+    let filter = Filter::from_request(&request)?;
+    if request.resource_version < 0 {
+        return Err(invalid(
+            "resource_version",
+            "must be 0 (from now) or a revision",
+        ));
+    }
+    let (last, initial) = if request.send_initial_events {
+        let snapshot = ctx
+            .storage
+            .list("", usize::MAX)
+            .await
+            .map_err(storage_status)?;
+        let objects: Vec<Gateway> = snapshot
+            .gateways
+            .into_iter()
+            .filter(|g| filter.matches(g))
+            .collect();
+        (snapshot.revision, Some(objects.into_iter()))
+    } else if request.resource_version == 0 {
+        (ctx.hub.head(), None)
+    } else {
+        (request.resource_version, None)
+    };
+    let bookmarks = request.allow_bookmarks.then(|| {
+        let mut interval = tokio::time::interval(ctx.bookmark_interval);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        interval.reset();
+        interval
+    });
+    let state = State {
+        ctx,
+        filter,
+        last,
+        initial,
+        pending: VecDeque::new(),
+        live: None,
+        bookmarks,
+        stopping: false,
+        done: false,
+    };
+    Ok(Box::pin(futures_util::stream::unfold(
+        state,
+        |mut state| async move {
+            let item = next(&mut state).await?;
+            Some((item, state))
+        },
+    )))
+}
+
+async fn next(s: &mut State) -> Option<Result<WatchEvent, Status>> {
+    loop {
+        if s.done {
+            return None;
+        }
+        if let Some(initial) = &mut s.initial {
+            if let Some(gateway) = initial.next() {
+                let revision = gateway.metadata.as_ref().map_or(0, |m| m.resource_version);
+                return Some(Ok(event_out(EventType::Added, Some(gateway), revision)));
+            }
+            s.initial = None;
+            let mut end = event_out(EventType::Bookmark, None, s.last);
+            end.initial_events_end = true;
+            return Some(Ok(end));
+        }
+        if let Some(event) = s.pending.pop_front() {
+            if event.revision <= s.last {
+                continue;
+            }
+            s.last = event.revision;
+            if let Some(kind) = s.filter.apply(&event) {
+                return Some(Ok(event_out(
+                    kind,
+                    Some((*event.gateway).clone()),
+                    event.revision,
+                )));
+            }
+            continue;
+        }
+        if s.stopping {
+            s.done = true;
+            return Some(Err(with_reason(
+                Code::Unavailable,
+                format!(
+                    "gateway-store is shutting down; resume the watch from revision {}",
+                    s.last
+                ),
+                REASON_SHUTTING_DOWN,
+                &[("resource_version", s.last.to_string())],
+            )));
+        }
+        if s.live.is_none() {
+            if let Err(status) = attach(s).await {
+                s.done = true;
+                return Some(Err(status));
+            }
+            continue;
+        }
+        let Some(live) = s.live.as_mut() else {
+            continue;
+        };
+        let stop = crate::background::stopped(s.ctx.stop.clone());
+        tokio::select! {
+            biased;
+            () = stop => {
+                // Flush what was committed before the stop, then end.
+                while let Ok(event) = live.try_recv() {
+                    s.pending.push_back(event);
+                }
+                s.stopping = true;
+            }
+            received = live.recv() => match received {
+                Ok(event) => s.pending.push_back(event),
+                Err(broadcast::error::RecvError::Lagged(missed)) => {
+                    s.done = true;
+                    return Some(Err(with_reason(
+                        Code::ResourceExhausted,
+                        format!(
+                            "watcher fell {missed} events behind and was ended; resume the watch from revision {}",
+                            s.last
+                        ),
+                        REASON_TOO_SLOW,
+                        &[("resource_version", s.last.to_string())],
+                    )));
+                }
+                Err(broadcast::error::RecvError::Closed) => {
+                    s.done = true;
+                    return Some(Err(with_reason(
+                        Code::Unavailable,
+                        format!("the watch cache was reset; resume the watch from revision {}", s.last),
+                        REASON_SHUTTING_DOWN,
+                        &[("resource_version", s.last.to_string())],
+                    )));
+                }
+            },
+            _ = tick(&mut s.bookmarks) => {
+                return Some(Ok(event_out(EventType::Bookmark, None, s.last)));
+            }
+        }
+    }
+}
+
+async fn tick(interval: &mut Option<tokio::time::Interval>) {
+    match interval {
+        Some(interval) => {
+            interval.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Finds where the events after `s.last` are: the watch cache (then the
+/// stream goes live) or, for an older revision, the next page of the
+/// events table.
+async fn attach(s: &mut State) -> Result<(), Status> {
+    if let Some((backlog, live)) = s.ctx.hub.subscribe(s.last) {
+        s.pending.extend(backlog);
+        s.live = Some(live);
+        return Ok(());
+    }
+    match s.ctx.storage.events_after(s.last, CATCH_UP_PAGE).await {
+        Ok(events) if events.is_empty() => {
+            // The cache has moved past `last` but its events are not
+            // readable yet; try again shortly.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok(())
+        }
+        Ok(events) => {
+            s.pending.extend(events);
+            Ok(())
+        }
+        Err(StorageError::Compacted { requested, compacted }) => Err(with_reason(
+            Code::OutOfRange,
+            format!(
+                "revision {requested} is older than the retained history (compacted up to {compacted}); list again and watch from the listed revision"
+            ),
+            REASON_COMPACTED,
+            &[("resource_version", requested.to_string()), ("compacted_revision", compacted.to_string())],
+        )),
+        Err(e) => Err(storage_status(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gantry_api::v1::ObjectMeta;
+
+    fn event(
+        kind: EventType,
+        name: &str,
+        labels: &[(&str, &str)],
+        prev: Option<&[(&str, &str)]>,
+    ) -> Event {
+        let map = |l: &[(&str, &str)]| {
+            l.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        Event {
+            revision: 5,
+            kind,
+            gateway: Arc::new(Gateway {
+                metadata: Some(ObjectMeta {
+                    name: name.into(),
+                    labels: map(labels),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            prev_labels: prev.map(map),
+        }
+    }
+
+    fn filter(selector: &str, name: &str) -> Filter {
+        Filter::from_request(&WatchGatewaysRequest {
+            label_selector: selector.into(),
+            name: name.into(),
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn objects_entering_and_leaving_the_selection() {
+        let f = filter("env=prod", "");
+        let prod: &[(&str, &str)] = &[("env", "prod")];
+        let dev: &[(&str, &str)] = &[("env", "dev")];
+        assert_eq!(
+            f.apply(&event(EventType::Added, "a", prod, None)),
+            Some(EventType::Added)
+        );
+        assert_eq!(f.apply(&event(EventType::Added, "a", dev, None)), None);
+        assert_eq!(
+            f.apply(&event(EventType::Modified, "a", prod, Some(prod))),
+            Some(EventType::Modified)
+        );
+        assert_eq!(
+            f.apply(&event(EventType::Modified, "a", prod, Some(dev))),
+            Some(EventType::Added)
+        );
+        assert_eq!(
+            f.apply(&event(EventType::Modified, "a", dev, Some(prod))),
+            Some(EventType::Deleted)
+        );
+        assert_eq!(
+            f.apply(&event(EventType::Modified, "a", dev, Some(dev))),
+            None
+        );
+        assert_eq!(
+            f.apply(&event(EventType::Deleted, "a", prod, Some(prod))),
+            Some(EventType::Deleted)
+        );
+        assert_eq!(
+            f.apply(&event(EventType::Deleted, "a", dev, Some(dev))),
+            None
+        );
+    }
+
+    #[test]
+    fn name_filter() {
+        let f = filter("", "edge");
+        assert_eq!(
+            f.apply(&event(EventType::Added, "edge", &[], None)),
+            Some(EventType::Added)
+        );
+        assert_eq!(f.apply(&event(EventType::Added, "other", &[], None)), None);
+        assert!(Filter::from_request(&WatchGatewaysRequest {
+            name: "Bad!".into(),
+            ..Default::default()
+        })
+        .is_err());
+        assert!(Filter::from_request(&WatchGatewaysRequest {
+            label_selector: "a in (".into(),
+            ..Default::default()
+        })
+        .is_err());
+    }
+}

@@ -1,0 +1,90 @@
+//! Group commit: one task takes every queued write, runs them in one
+//! transaction, and answers each after the commit. Throughput is then not
+//! bounded by one durable commit per write, yet every write is acknowledged
+//! only once it is on disk, and a failing write fails alone (savepoints).
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::hub::WatchHub;
+use crate::storage::{Committed, Mutation, PendingWrite, Storage, StorageError};
+
+/// Most writes in one transaction.
+pub const MAX_BATCH: usize = 256;
+/// Writes waiting for the writer before callers wait to enqueue.
+const QUEUE: usize = 4096;
+
+struct Job {
+    write: PendingWrite,
+    reply: oneshot::Sender<Result<Committed, StorageError>>,
+}
+
+/// Handle to the writer task.
+#[derive(Debug, Clone)]
+pub struct Writer {
+    queue: mpsc::Sender<Job>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.write.fmt(f)
+    }
+}
+
+impl Writer {
+    /// Starts the writer task. It ends when every `Writer` handle is
+    /// dropped, after finishing the writes already queued.
+    pub fn spawn(
+        storage: Arc<dyn Storage>,
+        hub: Arc<WatchHub>,
+    ) -> (Writer, tokio::task::JoinHandle<()>) {
+        let (queue, jobs) = mpsc::channel(QUEUE);
+        let task = tokio::spawn(run(jobs, storage, hub));
+        (Writer { queue }, task)
+    }
+
+    /// Runs `mutation` on the row `name` in the next batch; answers after
+    /// the batch committed.
+    pub async fn mutate(&self, name: &str, mutation: Mutation) -> Result<Committed, StorageError> {
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            write: PendingWrite {
+                name: name.to_string(),
+                mutation,
+            },
+            reply,
+        };
+        let stopped = || StorageError::NotCommitted("the store is shutting down".into());
+        self.queue.send(job).await.map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+async fn run(mut jobs: mpsc::Receiver<Job>, storage: Arc<dyn Storage>, hub: Arc<WatchHub>) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while jobs.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let (writes, replies): (Vec<_>, Vec<_>) =
+            batch.drain(..).map(|j| (j.write, j.reply)).unzip();
+        match storage.write_batch(writes).await {
+            Ok(results) => {
+                hub.publish(
+                    results
+                        .iter()
+                        .filter_map(|r| r.as_ref().ok()?.event.clone()),
+                );
+                for (reply, result) in replies.into_iter().zip(results) {
+                    // The caller may have gone away; the write stands.
+                    let _ = reply.send(result);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, writes = replies.len(), "batch did not commit");
+                let reason = e.to_string();
+                for reply in replies {
+                    let _ = reply.send(Err(StorageError::NotCommitted(reason.clone())));
+                }
+            }
+        }
+    }
+}
