@@ -10,10 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let fds = protox::compile([&file], [&proto_root])?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
-    std::fs::write(
-        out_dir.join("gantry_descriptor.bin"),
-        prost::Message::encode_to_vec(&fds),
-    )?;
+    std::fs::write(out_dir.join("gantry_descriptor.bin"), prost::Message::encode_to_vec(&fds))?;
 
     tonic_prost_build::configure()
         .btree_map(".")

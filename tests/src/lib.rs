@@ -28,10 +28,7 @@ pub fn binary(name: &str) -> PathBuf {
     });
     let exe = std::env::current_exe().expect("test executable path");
     // target/<profile>/deps/<test> -> target/<profile>/<name>
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>");
+    let profile_dir = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>");
     profile_dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX))
 }
 

@@ -53,10 +53,7 @@ fn rejects_a_malformed_tokens_file_naming_the_line() {
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("line 2") && stderr.contains("superuser"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("line 2") && stderr.contains("superuser"), "{stderr}");
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -74,15 +71,9 @@ fn serves_on_embedded_defaults_and_stops_on_sigterm() {
         .unwrap();
     let ready = wait_for_http(http, "/readyz", Duration::from_secs(30));
     assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
-    assert!(
-        dir.join("gantry-data/gantry.db").exists(),
-        "SQLite file under the default data dir"
-    );
+    assert!(dir.join("gantry-data/gantry.db").exists(), "SQLite file under the default data dir");
 
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     let status = child.wait().unwrap();
     assert!(status.success(), "clean exit on SIGTERM: {status:?}");
     let mut logs = String::new();

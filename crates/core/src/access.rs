@@ -134,15 +134,9 @@ impl FieldPath {
             "metadata.finalizers" => Some(FieldPath::Finalizers),
             _ => {
                 if let Some(field) = path.strip_prefix("spec.") {
-                    SPEC_FIELDS
-                        .iter()
-                        .find(|f| **f == field)
-                        .map(|f| FieldPath::SpecField(f))
+                    SPEC_FIELDS.iter().find(|f| **f == field).map(|f| FieldPath::SpecField(f))
                 } else if let Some(field) = path.strip_prefix("status.") {
-                    STATUS_FIELDS
-                        .iter()
-                        .find(|f| **f == field)
-                        .map(|f| FieldPath::StatusField(f))
+                    STATUS_FIELDS.iter().find(|f| **f == field).map(|f| FieldPath::StatusField(f))
                 } else {
                     None
                 }
@@ -228,30 +222,13 @@ mod tests {
 
     #[test]
     fn ownership_per_role() {
-        let client = paths(&[
-            "spec",
-            "spec.image",
-            "metadata.labels",
-            "metadata.annotations",
-        ]);
-        let reconciler = paths(&[
-            "status",
-            "status.observed_generation",
-            "metadata.finalizers",
-        ]);
+        let client = paths(&["spec", "spec.image", "metadata.labels", "metadata.annotations"]);
+        let reconciler = paths(&["status", "status.observed_generation", "metadata.finalizers"]);
         for role in Role::ALL {
             let client_ok = matches!(role, Role::Editor | Role::Admin);
             let reconciler_ok = matches!(role, Role::Reconciler | Role::Admin);
-            assert_eq!(
-                parse_update_mask(&client, role).is_ok(),
-                client_ok,
-                "{role}"
-            );
-            assert_eq!(
-                parse_update_mask(&reconciler, role).is_ok(),
-                reconciler_ok,
-                "{role}"
-            );
+            assert_eq!(parse_update_mask(&client, role).is_ok(), client_ok, "{role}");
+            assert_eq!(parse_update_mask(&reconciler, role).is_ok(), reconciler_ok, "{role}");
         }
     }
 

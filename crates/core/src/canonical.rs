@@ -20,21 +20,13 @@ pub fn canonical_spec(mut spec: GatewaySpec) -> GatewaySpec {
     if let Some(oidc) = &mut spec.oidc {
         sort_dedup(&mut oidc.audiences);
     }
-    if spec
-        .route
-        .as_ref()
-        .is_some_and(|r| *r == Default::default())
-    {
+    if spec.route.as_ref().is_some_and(|r| *r == Default::default()) {
         spec.route = None;
     }
     if spec.oidc.as_ref().is_some_and(|o| *o == Default::default()) {
         spec.oidc = None;
     }
-    if spec
-        .resources
-        .as_ref()
-        .is_some_and(|r| r.requests.is_empty() && r.limits.is_empty())
-    {
+    if spec.resources.as_ref().is_some_and(|r| r.requests.is_empty() && r.limits.is_empty()) {
         spec.resources = None;
     }
     spec
@@ -84,27 +76,14 @@ mod tests {
 
     #[test]
     fn every_field_counts() {
-        let base = canonical_spec(GatewaySpec {
-            image: "gw".into(),
-            ..Default::default()
-        });
+        let base = canonical_spec(GatewaySpec { image: "gw".into(), ..Default::default() });
         let changes: Vec<fn(&mut GatewaySpec)> = vec![
             |s| s.image = "gw2".into(),
             |s| s.supervisor_image = "sup".into(),
             |s| s.replicas = Some(0),
-            |s| {
-                s.route = Some(Route {
-                    host: "h".into(),
-                    ..Default::default()
-                })
-            },
+            |s| s.route = Some(Route { host: "h".into(), ..Default::default() }),
             |s| s.server_dns_names.push("a".into()),
-            |s| {
-                s.oidc = Some(Oidc {
-                    client_id: "c".into(),
-                    ..Default::default()
-                })
-            },
+            |s| s.oidc = Some(Oidc { client_id: "c".into(), ..Default::default() }),
             |s| s.credential_driver = "vault".into(),
             |s| {
                 s.config.insert("k".into(), "v".into());

@@ -12,17 +12,13 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     }
     let mut total = Duration::ZERO;
     while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .ok_or_else(invalid)?;
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(invalid)?;
         if digits == 0 {
             return Err(invalid());
         }
         let value: u64 = rest[..digits].parse().map_err(|_| invalid())?;
         rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
+        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
         let part = match &rest[..unit_len] {
             "ms" => Duration::from_millis(value),
             "s" => Duration::from_secs(value),

@@ -13,10 +13,7 @@ pub struct FieldViolation {
 
 impl FieldViolation {
     pub fn new(field: impl Into<String>, description: impl Into<String>) -> Self {
-        Self {
-            field: field.into(),
-            description: description.into(),
-        }
+        Self { field: field.into(), description: description.into() }
     }
 }
 
@@ -59,17 +56,11 @@ impl RuleError {
     }
 
     pub fn permission_denied(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        RuleError::PermissionDenied {
-            field: field.into(),
-            reason: reason.into(),
-        }
+        RuleError::PermissionDenied { field: field.into(), reason: reason.into() }
     }
 
     pub fn failed_precondition(field: impl Into<String>, reason: impl Into<String>) -> Self {
-        RuleError::FailedPrecondition {
-            field: field.into(),
-            reason: reason.into(),
-        }
+        RuleError::FailedPrecondition { field: field.into(), reason: reason.into() }
     }
 
     /// The field at fault, if the error names one.
@@ -85,11 +76,7 @@ impl RuleError {
 }
 
 fn join(violations: &[FieldViolation]) -> String {
-    violations
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; ")
+    violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
 }
 
 /// Collects violations while validating a whole message, so a client learns

@@ -41,10 +41,7 @@ fn status_mut(g: &mut Gateway) -> &mut GatewayStatus {
 fn check_resource_version(current: &Gateway, given: i64) -> Result<(), RuleError> {
     let stored = meta(current).resource_version;
     if given != 0 && given != stored {
-        Err(RuleError::Conflict {
-            given,
-            current: stored,
-        })
+        Err(RuleError::Conflict { given, current: stored })
     } else {
         Ok(())
     }
@@ -65,10 +62,7 @@ pub fn create(
     if let Some(existing) = existing {
         return Err(RuleError::AlreadyExists(meta(existing).name.clone()));
     }
-    if request
-        .status
-        .is_some_and(|s| s != GatewayStatus::default())
-    {
+    if request.status.is_some_and(|s| s != GatewayStatus::default()) {
         return Err(if role.owns(FieldPath::Status) {
             RuleError::invalid(
                 "gateway.status",
@@ -124,9 +118,7 @@ fn copy_spec_field(target: &mut GatewaySpec, source: &GatewaySpec, field: &str) 
         "route" => target.route.clone_from(&source.route),
         "server_dns_names" => target.server_dns_names.clone_from(&source.server_dns_names),
         "oidc" => target.oidc.clone_from(&source.oidc),
-        "credential_driver" => target
-            .credential_driver
-            .clone_from(&source.credential_driver),
+        "credential_driver" => target.credential_driver.clone_from(&source.credential_driver),
         "config" => target.config.clone_from(&source.config),
         "resources" => target.resources.clone_from(&source.resources),
         other => unreachable!("spec field {other} is not in SPEC_FIELDS"),
@@ -157,23 +149,19 @@ pub fn update(
             FieldPath::Spec => spec = incoming_spec.clone(),
             FieldPath::SpecField(field) => copy_spec_field(&mut spec, incoming_spec, field),
             FieldPath::Labels => meta_mut(&mut next).labels.clone_from(&incoming_meta.labels),
-            FieldPath::Annotations => meta_mut(&mut next)
-                .annotations
-                .clone_from(&incoming_meta.annotations),
+            FieldPath::Annotations => {
+                meta_mut(&mut next).annotations.clone_from(&incoming_meta.annotations)
+            }
             FieldPath::Finalizers => {
-                let added = incoming_meta
-                    .finalizers
-                    .iter()
-                    .any(|f| !meta(current).finalizers.contains(f));
+                let added =
+                    incoming_meta.finalizers.iter().any(|f| !meta(current).finalizers.contains(f));
                 if deleting && added {
                     return Err(RuleError::failed_precondition(
                         "gateway.metadata.finalizers",
                         "the gateway is being deleted; finalizers can only be removed",
                     ));
                 }
-                meta_mut(&mut next)
-                    .finalizers
-                    .clone_from(&incoming_meta.finalizers);
+                meta_mut(&mut next).finalizers.clone_from(&incoming_meta.finalizers);
             }
             FieldPath::Status | FieldPath::StatusField(_) => {}
         }
@@ -202,20 +190,10 @@ pub fn update(
         status_mut(&mut next).provisioning.clear();
     }
 
-    if paths
-        .iter()
-        .any(|p| matches!(p, FieldPath::Status | FieldPath::StatusField(_)))
-    {
+    if paths.iter().any(|p| matches!(p, FieldPath::Status | FieldPath::StatusField(_))) {
         let generation = meta(&next).generation;
         let incoming_status = incoming.status.clone().unwrap_or_default();
-        apply_status(
-            status_mut(&mut next),
-            &incoming_status,
-            &paths,
-            generation,
-            deleting,
-            &now,
-        )?;
+        apply_status(status_mut(&mut next), &incoming_status, &paths, generation, deleting, &now)?;
     }
 
     if next == *current {
@@ -261,16 +239,11 @@ fn apply_status(
         status.route_address.clone_from(&incoming.route_address);
     }
     if covers("applied_fingerprint") {
-        status
-            .applied_fingerprint
-            .clone_from(&incoming.applied_fingerprint);
+        status.applied_fingerprint.clone_from(&incoming.applied_fingerprint);
     }
     if covers("failure_count") {
         if incoming.failure_count < 0 {
-            return Err(RuleError::invalid(
-                "gateway.status.failure_count",
-                "must be 0 or more",
-            ));
+            return Err(RuleError::invalid("gateway.status.failure_count", "must be 0 or more"));
         }
         status.failure_count = incoming.failure_count;
     }
@@ -279,10 +252,7 @@ fn apply_status(
     }
     if covers("message") {
         if incoming.message.len() > 32 * 1024 {
-            return Err(RuleError::invalid(
-                "gateway.status.message",
-                "at most 32768 characters",
-            ));
+            return Err(RuleError::invalid("gateway.status.message", "at most 32768 characters"));
         }
         status.message.clone_from(&incoming.message);
     }

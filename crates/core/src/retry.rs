@@ -18,11 +18,7 @@ pub struct Backoff {
 
 impl Default for Backoff {
     fn default() -> Self {
-        Self {
-            initial: Duration::from_millis(100),
-            max: Duration::from_secs(10),
-            jitter: 0.5,
-        }
+        Self { initial: Duration::from_millis(100), max: Duration::from_secs(10), jitter: 0.5 }
     }
 }
 
@@ -59,14 +55,8 @@ mod tests {
         let b = Backoff::default();
         for r in [0.0, 0.25, 0.999] {
             let d = b.delay(3, r);
-            assert!(
-                d <= Duration::from_millis(800) && d >= Duration::from_millis(400),
-                "{d:?}"
-            );
+            assert!(d <= Duration::from_millis(800) && d >= Duration::from_millis(400), "{d:?}");
         }
-        assert!(
-            b.delay(3, 0.9) < b.delay(3, 0.1),
-            "different randoms spread out"
-        );
+        assert!(b.delay(3, 0.9) < b.delay(3, 0.1), "different randoms spread out");
     }
 }

@@ -53,10 +53,7 @@ impl Selector {
 
     /// Parses a selector string.
     pub fn parse(input: &str) -> Result<Selector, SelectorError> {
-        let err = |reason: String| SelectorError {
-            selector: input.to_string(),
-            reason,
-        };
+        let err = |reason: String| SelectorError { selector: input.to_string(), reason };
         let mut requirements = Vec::new();
         for term in split_terms(input).map_err(err)? {
             requirements.push(parse_term(term.trim()).map_err(err)?);
@@ -140,10 +137,7 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
     #[test]

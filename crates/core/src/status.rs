@@ -76,10 +76,7 @@ pub fn validate_provisioning(steps: &[ProvisioningStep]) -> Result<(), RuleError
     for (i, step) in steps.iter().enumerate() {
         let field = || format!("gateway.status.provisioning[{i}]");
         if step.name.is_empty() || step.name.len() > 128 {
-            return Err(RuleError::invalid(
-                field(),
-                "name is required, at most 128 characters",
-            ));
+            return Err(RuleError::invalid(field(), "name is required, at most 128 characters"));
         }
         if StepState::try_from(step.state).unwrap_or_default() == StepState::Unspecified {
             return Err(RuleError::invalid(
@@ -88,10 +85,7 @@ pub fn validate_provisioning(steps: &[ProvisioningStep]) -> Result<(), RuleError
             ));
         }
         if steps[..i].iter().any(|s| s.name == step.name) {
-            return Err(RuleError::invalid(
-                field(),
-                format!("duplicate step {:?}", step.name),
-            ));
+            return Err(RuleError::invalid(field(), format!("duplicate step {:?}", step.name)));
         }
     }
     Ok(())
@@ -135,10 +129,7 @@ pub fn validate_conditions(conditions: &[Condition], generation: i64) -> Result<
             ));
         }
         if ConditionStatus::try_from(c.status).unwrap_or_default() == ConditionStatus::Unspecified {
-            return Err(RuleError::invalid(
-                field(),
-                "status must be TRUE, FALSE or UNKNOWN",
-            ));
+            return Err(RuleError::invalid(field(), "status must be TRUE, FALSE or UNKNOWN"));
         }
         if c.reason.len() > 1024 || c.message.len() > 32 * 1024 {
             return Err(RuleError::invalid(
@@ -169,10 +160,9 @@ pub fn check_phase(phase: i32, deleting: bool) -> Result<Phase, RuleError> {
     let phase = Phase::try_from(phase)
         .map_err(|_| RuleError::invalid(field, format!("unknown phase {phase}")))?;
     match (phase, deleting) {
-        (Phase::Unspecified, _) => Err(RuleError::invalid(
-            field,
-            "required: a phase other than UNSPECIFIED",
-        )),
+        (Phase::Unspecified, _) => {
+            Err(RuleError::invalid(field, "required: a phase other than UNSPECIFIED"))
+        }
         (Phase::Deleting, false) => Err(RuleError::failed_precondition(
             field,
             "DELETING is set by DeleteGateway, not by a status write",
@@ -191,11 +181,7 @@ mod tests {
     use super::*;
 
     fn step(name: &str, state: StepState) -> ProvisioningStep {
-        ProvisioningStep {
-            name: name.into(),
-            state: state as i32,
-            message: String::new(),
-        }
+        ProvisioningStep { name: name.into(), state: state as i32, message: String::new() }
     }
 
     #[test]
@@ -230,10 +216,7 @@ mod tests {
             step("RouteAdmitted", StepState::Pending),
         ];
         let merged = merge_provisioning(&current, &incoming);
-        let states: Vec<_> = merged
-            .iter()
-            .map(|s| (s.name.as_str(), s.state()))
-            .collect();
+        let states: Vec<_> = merged.iter().map(|s| (s.name.as_str(), s.state())).collect();
         assert_eq!(
             states,
             [
@@ -246,14 +229,8 @@ mod tests {
 
     #[test]
     fn condition_transition_time_moves_only_on_status_change() {
-        let t0 = Timestamp {
-            seconds: 100,
-            nanos: 0,
-        };
-        let t1 = Timestamp {
-            seconds: 200,
-            nanos: 0,
-        };
+        let t0 = Timestamp { seconds: 100, nanos: 0 };
+        let t1 = Timestamp { seconds: 200, nanos: 0 };
         let ready = |status: ConditionStatus, at: Option<Timestamp>| Condition {
             r#type: "Ready".into(),
             status: status as i32,
@@ -276,11 +253,7 @@ mod tests {
             step("A", StepState::Complete)
         ])
         .is_err());
-        let c = Condition {
-            r#type: "Ready".into(),
-            status: 9,
-            ..Default::default()
-        };
+        let c = Condition { r#type: "Ready".into(), status: 9, ..Default::default() };
         assert_eq!(
             validate_conditions(&[c], 1).unwrap_err().field(),
             Some("gateway.status.conditions[0]")
@@ -289,17 +262,11 @@ mod tests {
 
     #[test]
     fn phases() {
-        assert_eq!(
-            check_phase(Phase::Running as i32, false),
-            Ok(Phase::Running)
-        );
+        assert_eq!(check_phase(Phase::Running as i32, false), Ok(Phase::Running));
         assert!(check_phase(Phase::Unspecified as i32, false).is_err());
         assert!(check_phase(42, false).is_err());
         assert!(check_phase(Phase::Deleting as i32, false).is_err());
         assert!(check_phase(Phase::Running as i32, true).is_err());
-        assert_eq!(
-            check_phase(Phase::Deleting as i32, true),
-            Ok(Phase::Deleting)
-        );
+        assert_eq!(check_phase(Phase::Deleting as i32, true), Ok(Phase::Deleting));
     }
 }

@@ -54,8 +54,7 @@ fn qualified_name_part(s: &str) -> bool {
         && s.len() <= 63
         && s.starts_with(edge)
         && s.ends_with(edge)
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
 }
 
 /// A Kubernetes qualified name, the syntax of label and annotation keys and
@@ -94,14 +93,11 @@ pub fn config_key(s: &str) -> Check {
         && s.len() <= 253
         && s != "."
         && s != ".."
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "{s:?} is not a config key: at most 253 letters, digits, '-', '_' or '.'"
-        ))
+        Err(format!("{s:?} is not a config key: at most 253 letters, digits, '-', '_' or '.'"))
     }
 }
 
@@ -152,8 +148,7 @@ fn tag(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 128
         && (s.as_bytes()[0].is_ascii_alphanumeric() || s.starts_with('_'))
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
 fn digest(s: &str) -> bool {
@@ -161,9 +156,7 @@ fn digest(s: &str) -> bool {
         return false;
     };
     let algorithm_ok = !algorithm.is_empty()
-        && algorithm
-            .chars()
-            .all(|c| is_alnum_lower(c) || matches!(c, '+' | '.' | '_' | '-'))
+        && algorithm.chars().all(|c| is_alnum_lower(c) || matches!(c, '+' | '.' | '_' | '-'))
         && algorithm.starts_with(is_alnum_lower);
     algorithm_ok && hex.len() >= 32 && hex.chars().all(|c| c.is_ascii_hexdigit())
 }
@@ -187,10 +180,7 @@ pub fn image_reference(s: &str) -> Check {
     }
     let last_slash = name_and_tag.rfind('/').map_or(0, |i| i + 1);
     let (name, tag_part) = match name_and_tag[last_slash..].rfind(':') {
-        Some(i) => (
-            &name_and_tag[..last_slash + i],
-            Some(&name_and_tag[last_slash + i + 1..]),
-        ),
+        Some(i) => (&name_and_tag[..last_slash + i], Some(&name_and_tag[last_slash + i + 1..])),
         None => (name_and_tag, None),
     };
     if tag_part.is_some_and(|t| !tag(t)) || name.is_empty() || name.len() > 255 {
@@ -216,9 +206,7 @@ pub fn image_reference(s: &str) -> Check {
 /// An https URL with a host, no fragment and no whitespace.
 pub fn https_url(s: &str) -> Check {
     let invalid = || {
-        Err(format!(
-            "{s:?} is not an https URL such as \"https://issuer.example.com/realms/main\""
-        ))
+        Err(format!("{s:?} is not an https URL such as \"https://issuer.example.com/realms/main\""))
     };
     let Some(rest) = s.strip_prefix("https://") else {
         return invalid();
@@ -236,15 +224,10 @@ pub fn https_url(s: &str) -> Check {
 
 /// A non-negative Kubernetes quantity such as "500m", "2", "1.5Gi" or "1e3".
 pub fn quantity(s: &str) -> Check {
-    let invalid = || {
-        Err(format!(
-            "{s:?} is not a quantity such as \"250m\", \"2\" or \"512Mi\""
-        ))
-    };
+    let invalid = || Err(format!("{s:?} is not a quantity such as \"250m\", \"2\" or \"512Mi\""));
     let s_body = s.strip_prefix('+').unwrap_or(s);
-    let number_end = s_body
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s_body.len());
+    let number_end =
+        s_body.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s_body.len());
     let (number, suffix) = s_body.split_at(number_end);
     let digits_ok = !number.is_empty()
         && number.matches('.').count() <= 1
@@ -297,23 +280,10 @@ mod tests {
 
     #[test]
     fn qualified_names_and_values() {
-        for good in [
-            "app",
-            "app.kubernetes.io/name",
-            "gantry.dev/gateway",
-            "A_b.c-d",
-        ] {
+        for good in ["app", "app.kubernetes.io/name", "gantry.dev/gateway", "A_b.c-d"] {
             assert!(qualified_name(good).is_ok(), "{good}");
         }
-        for bad in [
-            "",
-            "/x",
-            "a/",
-            "Bad_Prefix/x",
-            "x/y/z",
-            "-x",
-            &"a".repeat(64),
-        ] {
+        for bad in ["", "/x", "a/", "Bad_Prefix/x", "x/y/z", "-x", &"a".repeat(64)] {
             assert!(qualified_name(bad).is_err(), "{bad}");
         }
         assert!(label_value("").is_ok());
@@ -354,13 +324,9 @@ mod tests {
     fn urls_and_quantities() {
         assert!(https_url("https://issuer.example.com/realms/main").is_ok());
         assert!(https_url("https://issuer.example.com:8443").is_ok());
-        for bad in [
-            "http://issuer.example.com",
-            "https://",
-            "https:// x",
-            "https://a.com/#f",
-            "issuer",
-        ] {
+        for bad in
+            ["http://issuer.example.com", "https://", "https:// x", "https://a.com/#f", "issuer"]
+        {
             assert!(https_url(bad).is_err(), "{bad}");
         }
         for good in ["1", "250m", "1.5Gi", "512Mi", "1e3", "0.5", "+2"] {

@@ -49,22 +49,11 @@ fn check(violations: &mut Violations, field: impl FnOnce() -> String, result: Re
 pub fn validate_labels(v: &mut Violations, labels: &BTreeMap<String, String>) {
     let field = "gateway.metadata.labels";
     if labels.len() > MAX_LABELS {
-        v.push(
-            field,
-            format!("at most {MAX_LABELS} labels, got {}", labels.len()),
-        );
+        v.push(field, format!("at most {MAX_LABELS} labels, got {}", labels.len()));
     }
     for (key, value) in labels {
-        check(
-            v,
-            || format!("{field}[{key:?}]"),
-            syntax::qualified_name(key),
-        );
-        check(
-            v,
-            || format!("{field}[{key:?}]"),
-            syntax::label_value(value),
-        );
+        check(v, || format!("{field}[{key:?}]"), syntax::qualified_name(key));
+        check(v, || format!("{field}[{key:?}]"), syntax::label_value(value));
     }
 }
 
@@ -72,28 +61,15 @@ pub fn validate_labels(v: &mut Violations, labels: &BTreeMap<String, String>) {
 pub fn validate_annotations(v: &mut Violations, annotations: &BTreeMap<String, String>) {
     let field = "gateway.metadata.annotations";
     if annotations.len() > MAX_ANNOTATIONS {
-        v.push(
-            field,
-            format!(
-                "at most {MAX_ANNOTATIONS} annotations, got {}",
-                annotations.len()
-            ),
-        );
+        v.push(field, format!("at most {MAX_ANNOTATIONS} annotations, got {}", annotations.len()));
     }
     let mut total = 0;
     for (key, value) in annotations {
-        check(
-            v,
-            || format!("{field}[{key:?}]"),
-            syntax::qualified_name(key),
-        );
+        check(v, || format!("{field}[{key:?}]"), syntax::qualified_name(key));
         total += key.len() + value.len();
     }
     if total > MAX_ANNOTATIONS_BYTES {
-        v.push(
-            field,
-            format!("at most {MAX_ANNOTATIONS_BYTES} bytes in total, got {total}"),
-        );
+        v.push(field, format!("at most {MAX_ANNOTATIONS_BYTES} bytes in total, got {total}"));
     }
 }
 
@@ -101,36 +77,19 @@ pub fn validate_annotations(v: &mut Violations, annotations: &BTreeMap<String, S
 pub fn validate_finalizers(v: &mut Violations, finalizers: &[String]) {
     let field = "gateway.metadata.finalizers";
     if finalizers.len() > MAX_FINALIZERS {
-        v.push(
-            field,
-            format!(
-                "at most {MAX_FINALIZERS} finalizers, got {}",
-                finalizers.len()
-            ),
-        );
+        v.push(field, format!("at most {MAX_FINALIZERS} finalizers, got {}", finalizers.len()));
     }
     for (i, finalizer) in finalizers.iter().enumerate() {
-        check(
-            v,
-            || format!("{field}[{i}]"),
-            syntax::qualified_name(finalizer),
-        );
+        check(v, || format!("{field}[{i}]"), syntax::qualified_name(finalizer));
         if finalizers[..i].contains(finalizer) {
-            v.push(
-                format!("{field}[{i}]"),
-                format!("duplicate finalizer {finalizer:?}"),
-            );
+            v.push(format!("{field}[{i}]"), format!("duplicate finalizer {finalizer:?}"));
         }
     }
 }
 
 /// Checks the writable metadata of a Gateway.
 pub fn validate_metadata(v: &mut Violations, meta: &ObjectMeta) {
-    check(
-        v,
-        || "gateway.metadata.name".into(),
-        syntax::dns1123_label(&meta.name),
-    );
+    check(v, || "gateway.metadata.name".into(), syntax::dns1123_label(&meta.name));
     validate_labels(v, &meta.labels);
     validate_annotations(v, &meta.annotations);
     validate_finalizers(v, &meta.finalizers);
@@ -144,16 +103,9 @@ pub fn validate_spec(v: &mut Violations, spec: Option<&GatewaySpec>) {
         return;
     };
     if spec.image.is_empty() {
-        v.push(
-            "gateway.spec.image",
-            "required: the gateway container image",
-        );
+        v.push("gateway.spec.image", "required: the gateway container image");
     } else {
-        check(
-            v,
-            || "gateway.spec.image".into(),
-            syntax::image_reference(&spec.image),
-        );
+        check(v, || "gateway.spec.image".into(), syntax::image_reference(&spec.image));
     }
     if !spec.supervisor_image.is_empty() {
         check(
@@ -176,11 +128,7 @@ pub fn validate_spec(v: &mut Violations, spec: Option<&GatewaySpec>) {
                 v.push("gateway.spec.route.host", "required when a route is set");
             }
         } else {
-            check(
-                v,
-                || "gateway.spec.route.host".into(),
-                syntax::dns1123_subdomain(&route.host),
-            );
+            check(v, || "gateway.spec.route.host".into(), syntax::dns1123_subdomain(&route.host));
         }
         if !route.tls_secret_name.is_empty() {
             check(
@@ -193,42 +141,20 @@ pub fn validate_spec(v: &mut Violations, spec: Option<&GatewaySpec>) {
     if spec.server_dns_names.len() > MAX_SERVER_DNS_NAMES {
         v.push(
             "gateway.spec.server_dns_names",
-            format!(
-                "at most {MAX_SERVER_DNS_NAMES} names, got {}",
-                spec.server_dns_names.len()
-            ),
+            format!("at most {MAX_SERVER_DNS_NAMES} names, got {}", spec.server_dns_names.len()),
         );
     }
-    for (i, name) in spec
-        .server_dns_names
-        .iter()
-        .enumerate()
-        .take(MAX_SERVER_DNS_NAMES + 1)
-    {
-        check(
-            v,
-            || format!("gateway.spec.server_dns_names[{i}]"),
-            syntax::server_dns_name(name),
-        );
+    for (i, name) in spec.server_dns_names.iter().enumerate().take(MAX_SERVER_DNS_NAMES + 1) {
+        check(v, || format!("gateway.spec.server_dns_names[{i}]"), syntax::server_dns_name(name));
     }
     if let Some(oidc) = &spec.oidc {
         if *oidc != Default::default() {
-            check(
-                v,
-                || "gateway.spec.oidc.issuer_url".into(),
-                syntax::https_url(&oidc.issuer_url),
-            );
+            check(v, || "gateway.spec.oidc.issuer_url".into(), syntax::https_url(&oidc.issuer_url));
             if oidc.client_id.is_empty() || oidc.client_id.len() > 256 {
-                v.push(
-                    "gateway.spec.oidc.client_id",
-                    "required, at most 256 characters",
-                );
+                v.push("gateway.spec.oidc.client_id", "required, at most 256 characters");
             }
             if oidc.audiences.len() > MAX_AUDIENCES {
-                v.push(
-                    "gateway.spec.oidc.audiences",
-                    format!("at most {MAX_AUDIENCES} audiences"),
-                );
+                v.push("gateway.spec.oidc.audiences", format!("at most {MAX_AUDIENCES} audiences"));
             }
             for (i, audience) in oidc.audiences.iter().enumerate().take(MAX_AUDIENCES + 1) {
                 if audience.is_empty() || audience.len() > 256 {
@@ -251,11 +177,7 @@ pub fn validate_spec(v: &mut Violations, spec: Option<&GatewaySpec>) {
     }
     let mut config_bytes = 0;
     for (key, value) in &spec.config {
-        check(
-            v,
-            || format!("gateway.spec.config[{key:?}]"),
-            syntax::config_key(key),
-        );
+        check(v, || format!("gateway.spec.config[{key:?}]"), syntax::config_key(key));
         config_bytes += key.len() + value.len();
     }
     if config_bytes > MAX_CONFIG_BYTES {
@@ -265,10 +187,7 @@ pub fn validate_spec(v: &mut Violations, spec: Option<&GatewaySpec>) {
         );
     }
     if let Some(resources) = &spec.resources {
-        for (kind, map) in [
-            ("requests", &resources.requests),
-            ("limits", &resources.limits),
-        ] {
+        for (kind, map) in [("requests", &resources.requests), ("limits", &resources.limits)] {
             for (name, quantity) in map {
                 let field = || format!("gateway.spec.resources.{kind}[{name:?}]");
                 if !RESOURCE_NAMES.contains(&name.as_str()) {
@@ -290,10 +209,7 @@ mod tests {
     use gantry_api::v1::{Oidc, ResourceRequirements, Route};
 
     fn spec() -> GatewaySpec {
-        GatewaySpec {
-            image: "ghcr.io/acme/gw:1.0".into(),
-            ..Default::default()
-        }
+        GatewaySpec { image: "ghcr.io/acme/gw:1.0".into(), ..Default::default() }
     }
 
     fn fields(spec: &GatewaySpec) -> Vec<String> {
@@ -324,10 +240,7 @@ mod tests {
         let bad = GatewaySpec {
             image: "Bad Image".into(),
             replicas: Some(-1),
-            route: Some(Route {
-                host: "Host!".into(),
-                tls_secret_name: "ok".into(),
-            }),
+            route: Some(Route { host: "Host!".into(), tls_secret_name: "ok".into() }),
             server_dns_names: vec!["ok.example.com".into(), "bad_name".into()],
             oidc: Some(Oidc {
                 issuer_url: "http://x".into(),
@@ -361,40 +274,23 @@ mod tests {
 
     #[test]
     fn zero_replicas_is_allowed() {
-        assert!(fields(&GatewaySpec {
-            replicas: Some(0),
-            ..spec()
-        })
-        .is_empty());
+        assert!(fields(&GatewaySpec { replicas: Some(0), ..spec() }).is_empty());
     }
 
     #[test]
     fn size_limits() {
-        let names = (0..=MAX_SERVER_DNS_NAMES)
-            .map(|i| format!("h{i}.example.com"))
-            .collect();
+        let names = (0..=MAX_SERVER_DNS_NAMES).map(|i| format!("h{i}.example.com")).collect();
         assert_eq!(
-            fields(&GatewaySpec {
-                server_dns_names: names,
-                ..spec()
-            }),
+            fields(&GatewaySpec { server_dns_names: names, ..spec() }),
             ["gateway.spec.server_dns_names"]
         );
         let config = [("big".to_string(), "x".repeat(MAX_CONFIG_BYTES))].into();
-        assert_eq!(
-            fields(&GatewaySpec { config, ..spec() }),
-            ["gateway.spec.config"]
-        );
+        assert_eq!(fields(&GatewaySpec { config, ..spec() }), ["gateway.spec.config"]);
 
         let mut v = Violations::default();
-        let labels = (0..=MAX_LABELS)
-            .map(|i| (format!("k{i}"), "v".to_string()))
-            .collect();
+        let labels = (0..=MAX_LABELS).map(|i| (format!("k{i}"), "v".to_string())).collect();
         validate_labels(&mut v, &labels);
-        assert_eq!(
-            v.into_result().unwrap_err().field(),
-            Some("gateway.metadata.labels")
-        );
+        assert_eq!(v.into_result().unwrap_err().field(), Some("gateway.metadata.labels"));
     }
 
     #[test]
@@ -409,9 +305,7 @@ mod tests {
         };
         validate_metadata(&mut v, &meta);
         let err = v.into_result().unwrap_err();
-        let crate::RuleError::Invalid(list) = err else {
-            panic!()
-        };
+        let crate::RuleError::Invalid(list) = err else { panic!() };
         let fields: Vec<_> = list.iter().map(|f| f.field.as_str()).collect();
         assert_eq!(
             fields,

@@ -50,10 +50,7 @@ impl Authenticator {
         let mut tokens = HashMap::new();
         for (i, raw) in text.lines().enumerate() {
             let line = i + 1;
-            let err = |reason: &str| TokensFileError {
-                line,
-                reason: reason.to_string(),
-            };
+            let err = |reason: &str| TokensFileError { line, reason: reason.to_string() };
             let trimmed = raw.trim();
             if trimmed.is_empty() || trimmed.starts_with('#') {
                 continue;
@@ -69,19 +66,13 @@ impl Authenticator {
                 return Err(err("subject is empty"));
             }
             let role: Role = role.parse().map_err(|e: String| err(&e))?;
-            let principal = Principal {
-                subject: subject.to_string(),
-                role,
-            };
+            let principal = Principal { subject: subject.to_string(), role };
             if tokens.insert(token.to_string(), principal).is_some() {
                 return Err(err("duplicate token"));
             }
         }
         if tokens.is_empty() {
-            return Err(TokensFileError {
-                line: 0,
-                reason: "no tokens".into(),
-            });
+            return Err(TokensFileError { line: 0, reason: "no tokens".into() });
         }
         Ok(Authenticator::Tokens(tokens))
     }
@@ -91,10 +82,7 @@ impl Authenticator {
     pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Principal, Status> {
         let tokens = match self {
             Authenticator::Unauthenticated => {
-                return Ok(Principal {
-                    subject: "anonymous".into(),
-                    role: Role::Admin,
-                });
+                return Ok(Principal { subject: "anonymous".into(), role: Role::Admin });
             }
             Authenticator::Tokens(tokens) => tokens,
         };
@@ -104,10 +92,7 @@ impl Authenticator {
         let token = header
             .to_str()
             .ok()
-            .and_then(|h| {
-                h.strip_prefix("Bearer ")
-                    .or_else(|| h.strip_prefix("bearer "))
-            })
+            .and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")))
             .map(str::trim)
             .ok_or_else(|| {
                 Status::unauthenticated("authorization metadata must be `Bearer <token>`")
@@ -133,21 +118,9 @@ mod tests {
     #[test]
     fn parses_and_authenticates() {
         let auth = Authenticator::parse_tokens_file(FILE).unwrap();
-        let p = auth
-            .authenticate(&metadata("Bearer viewer-token-0123456789"))
-            .unwrap();
-        assert_eq!(
-            p,
-            Principal {
-                subject: "alice".into(),
-                role: Role::Viewer
-            }
-        );
-        for bad in [
-            "Bearer nope-nope-nope-nope",
-            "Basic abc",
-            "viewer-token-0123456789",
-        ] {
+        let p = auth.authenticate(&metadata("Bearer viewer-token-0123456789")).unwrap();
+        assert_eq!(p, Principal { subject: "alice".into(), role: Role::Viewer });
+        for bad in ["Bearer nope-nope-nope-nope", "Basic abc", "viewer-token-0123456789"] {
             assert_eq!(
                 auth.authenticate(&metadata(bad)).unwrap_err().code(),
                 tonic::Code::Unauthenticated
@@ -165,18 +138,11 @@ mod tests {
             ("short,a,viewer", 1),
             ("a-long-enough-token-1,a", 1),
             ("# c\na-long-enough-token-1,a,root", 2),
-            (
-                "a-long-enough-token-1,a,viewer\na-long-enough-token-1,b,admin",
-                2,
-            ),
+            ("a-long-enough-token-1,a,viewer\na-long-enough-token-1,b,admin", 2),
             ("", 0),
         ];
         for (text, line) in cases {
-            assert_eq!(
-                Authenticator::parse_tokens_file(text).unwrap_err().line,
-                line,
-                "{text}"
-            );
+            assert_eq!(Authenticator::parse_tokens_file(text).unwrap_err().line, line, "{text}");
         }
     }
 

@@ -24,11 +24,7 @@ pub struct Config {
     pub listen: SocketAddr,
 
     /// Address of the HTTP endpoints /healthz, /readyz and /metrics.
-    #[arg(
-        long,
-        env = "GANTRY_STORE_HTTP_LISTEN",
-        default_value = "127.0.0.1:9090"
-    )]
+    #[arg(long, env = "GANTRY_STORE_HTTP_LISTEN", default_value = "127.0.0.1:9090")]
     pub http_listen: SocketAddr,
 
     /// Directory of the embedded SQLite database (used when no
@@ -93,11 +89,7 @@ pub struct AuthArgs {
 
     /// Serve without authentication (every caller is admin). Only for local
     /// development; refused together with --tokens-file.
-    #[arg(
-        long,
-        env = "GANTRY_ALLOW_UNAUTHENTICATED",
-        conflicts_with = "tokens_file"
-    )]
+    #[arg(long, env = "GANTRY_ALLOW_UNAUTHENTICATED", conflicts_with = "tokens_file")]
     pub allow_unauthenticated: bool,
 }
 
@@ -162,10 +154,7 @@ impl fmt::Debug for Config {
             .field("listen", &self.listen)
             .field("http_listen", &self.http_listen)
             .field("data_dir", &self.data_dir)
-            .field(
-                "database_url",
-                &self.database_url.as_deref().map(redact_url),
-            )
+            .field("database_url", &self.database_url.as_deref().map(redact_url))
             .field("auth", &self.auth)
             .field("tls", &self.tls)
             .field("watch", &self.watch)
@@ -192,10 +181,7 @@ mod tests {
     #[test]
     fn default_database_is_sqlite_in_data_dir() {
         let config = Config::parse_from(["gateway-store", "--data-dir", "/var/lib/gantry"]);
-        assert_eq!(
-            config.effective_database_url(),
-            "sqlite:///var/lib/gantry/gantry.db"
-        );
+        assert_eq!(config.effective_database_url(), "sqlite:///var/lib/gantry/gantry.db");
     }
 
     #[test]

@@ -61,9 +61,7 @@ impl WatchHub {
     fn lock(&self) -> MutexGuard<'_, Ring> {
         // A panic while holding this lock leaves the ring consistent (every
         // mutation is a push or pop), so a poisoned lock is still usable.
-        self.ring
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.ring.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The newest published revision.
@@ -119,9 +117,7 @@ impl WatchHub {
         if after < oldest - 1 {
             return None;
         }
-        let skip = usize::try_from(after - (oldest - 1))
-            .unwrap_or(0)
-            .min(ring.events.len());
+        let skip = usize::try_from(after - (oldest - 1)).unwrap_or(0).min(ring.events.len());
         let backlog = ring.events.iter().skip(skip).cloned().collect();
         Some((backlog, ring.sender.subscribe()))
     }
@@ -183,10 +179,7 @@ mod tests {
         let hub = WatchHub::new(0, 10, 2);
         let (_, mut rx) = hub.subscribe(0).unwrap();
         hub.publish((1..=5).map(event));
-        assert!(matches!(
-            rx.try_recv(),
-            Err(broadcast::error::TryRecvError::Lagged(_))
-        ));
+        assert!(matches!(rx.try_recv(), Err(broadcast::error::TryRecvError::Lagged(_))));
     }
 
     #[test]
@@ -194,10 +187,7 @@ mod tests {
         let hub = WatchHub::new(0, 10, 4);
         let (_, mut rx) = hub.subscribe(0).unwrap();
         hub.reset(100);
-        assert!(matches!(
-            rx.try_recv(),
-            Err(broadcast::error::TryRecvError::Closed)
-        ));
+        assert!(matches!(rx.try_recv(), Err(broadcast::error::TryRecvError::Closed)));
         assert_eq!(hub.head(), 100);
     }
 }

@@ -53,11 +53,7 @@ pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("cannot read {what} {path}: {source}")]
-    ReadFile {
-        what: &'static str,
-        path: String,
-        source: std::io::Error,
-    },
+    ReadFile { what: &'static str, path: String, source: std::io::Error },
     #[error(transparent)]
     Tokens(#[from] auth::TokensFileError),
     #[error(
@@ -67,15 +63,9 @@ pub enum ServeError {
     #[error("cannot open the database: {0}")]
     Storage(#[from] StorageError),
     #[error("cannot create the data directory {path}: {source}")]
-    DataDir {
-        path: String,
-        source: std::io::Error,
-    },
+    DataDir { path: String, source: std::io::Error },
     #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        addr: String,
-        source: std::io::Error,
-    },
+    Bind { addr: String, source: std::io::Error },
     #[error("gRPC server: {0}")]
     Transport(#[from] tonic::transport::Error),
     #[error("gRPC reflection: {0}")]
@@ -117,10 +107,7 @@ impl Default for WatchSettings {
             cache_events: 10_000,
             subscriber_buffer: 4096,
             bookmark_interval: Duration::from_secs(10),
-            retention: Retention {
-                max_events: 100_000,
-                max_age_ms: 3_600_000,
-            },
+            retention: Retention { max_events: 100_000, max_age_ms: 3_600_000 },
             compaction_interval: Duration::from_secs(60),
             poll_interval: Duration::from_secs(1),
         }
@@ -185,12 +172,7 @@ pub async fn settings_from_config(config: &Config) -> Result<Settings, ServeErro
         compaction_interval: config.watch.compaction_interval,
         poll_interval: WatchSettings::default().poll_interval,
     };
-    Ok(Settings {
-        storage,
-        auth: Arc::new(auth),
-        tls,
-        watch,
-    })
+    Ok(Settings { storage, auth: Arc::new(auth), tls, watch })
 }
 
 /// Binds the configured addresses and serves until `shutdown` completes.
@@ -202,10 +184,7 @@ pub async fn run(
     let bind = |addr: std::net::SocketAddr| async move {
         TcpListener::bind(addr)
             .await
-            .map_err(|source| ServeError::Bind {
-                addr: addr.to_string(),
-                source,
-            })
+            .map_err(|source| ServeError::Bind { addr: addr.to_string(), source })
     };
     let grpc = bind(config.listen).await?;
     let http = bind(config.http_listen).await?;
@@ -250,9 +229,7 @@ pub async fn serve(
     let api = GatewayApi::new(writer, watch, settings.auth.clone(), metrics.clone());
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<GatewayServiceServer<GatewayApi>>()
-        .await;
+    health_reporter.set_serving::<GatewayServiceServer<GatewayApi>>().await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(gantry_api::v1::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
@@ -276,17 +253,15 @@ pub async fn serve(
     }
     let grpc_addr = grpc.local_addr().ok();
     let http_addr = http.local_addr().ok();
-    let router = builder
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(
-            GatewayServiceServer::new(api)
-                .max_decoding_message_size(MAX_REQUEST_BYTES)
-                .max_encoding_message_size(MAX_RESPONSE_BYTES),
-        );
+    let router = builder.add_service(health_service).add_service(reflection).add_service(
+        GatewayServiceServer::new(api)
+            .max_decoding_message_size(MAX_REQUEST_BYTES)
+            .max_encoding_message_size(MAX_RESPONSE_BYTES),
+    );
 
-    let http_server = axum::serve(http, http::router(settings.storage.clone(), metrics))
-        .with_graceful_shutdown(stopped(stop_rx.clone()));
+    let http_server =
+        axum::serve(http, http::router(settings.storage.clone(), metrics, hub.clone()))
+            .with_graceful_shutdown(stopped(stop_rx.clone()));
     tracing::info!(grpc = ?grpc_addr, http = ?http_addr, tls = settings.tls.is_some(), "gateway-store serving");
 
     let reporter = health_reporter.clone();
@@ -294,9 +269,7 @@ pub async fn serve(
     let grpc_server =
         router.serve_with_incoming_shutdown(TcpListenerStream::new(grpc), async move {
             stopped(grpc_stop).await;
-            reporter
-                .set_not_serving::<GatewayServiceServer<GatewayApi>>()
-                .await;
+            reporter.set_not_serving::<GatewayServiceServer<GatewayApi>>().await;
             tracing::info!("shutting down: draining in-flight requests");
         });
     let (grpc_result, http_result) = tokio::join!(grpc_server, http_server);
@@ -314,9 +287,7 @@ pub async fn serve(
 pub fn init_logging(args: &config::LogArgs) {
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match args.log_format {
         config::LogFormat::Json => builder.json().flatten_event(true).init(),
         config::LogFormat::Pretty => builder.init(),

@@ -5,6 +5,7 @@ use std::time::Instant;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
@@ -30,6 +31,12 @@ pub struct Metrics {
     registry: Registry,
     requests: Family<RpcLabels, Counter>,
     latency: Family<MethodLabels, Histogram, fn() -> Histogram>,
+    /// Open WatchGateways streams.
+    pub watch_subscribers: Gauge,
+    /// Events held in the watch cache.
+    pub watch_cache_events: Gauge,
+    /// Newest revision published to watchers.
+    pub watch_revision: Gauge,
 }
 
 impl Default for Metrics {
@@ -49,11 +56,24 @@ impl Default for Metrics {
             "gRPC request latency, by method",
             latency.clone(),
         );
-        Self {
-            registry,
-            requests,
-            latency,
-        }
+        let (watch_subscribers, watch_cache_events, watch_revision) =
+            (Gauge::default(), Gauge::default(), Gauge::default());
+        registry.register(
+            "watch_subscribers",
+            "Open WatchGateways streams",
+            watch_subscribers.clone(),
+        );
+        registry.register(
+            "watch_cache_events",
+            "Events held in the watch cache",
+            watch_cache_events.clone(),
+        );
+        registry.register(
+            "watch_revision",
+            "Newest revision published to watchers",
+            watch_revision.clone(),
+        );
+        Self { registry, requests, latency, watch_subscribers, watch_cache_events, watch_revision }
     }
 }
 
@@ -61,16 +81,9 @@ impl Metrics {
     /// Records one finished RPC.
     pub fn observe(&self, method: &str, started: Instant, code: tonic::Code) {
         let code = format!("{code:?}");
-        self.requests
-            .get_or_create(&RpcLabels {
-                method: method.to_string(),
-                code,
-            })
-            .inc();
+        self.requests.get_or_create(&RpcLabels { method: method.to_string(), code }).inc();
         self.latency
-            .get_or_create(&MethodLabels {
-                method: method.to_string(),
-            })
+            .get_or_create(&MethodLabels { method: method.to_string() })
             .observe(started.elapsed().as_secs_f64());
     }
 

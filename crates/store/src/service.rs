@@ -50,13 +50,7 @@ impl GatewayApi {
         auth: Arc<Authenticator>,
         metrics: Arc<Metrics>,
     ) -> Self {
-        Self {
-            storage: watch.storage.clone(),
-            writer,
-            watch,
-            auth,
-            metrics,
-        }
+        Self { storage: watch.storage.clone(), writer, watch, auth, metrics }
     }
 
     fn authenticate<T>(&self, request: &Request<T>) -> Result<Principal, Status> {
@@ -70,15 +64,10 @@ impl GatewayApi {
     ) -> Result<Response<T>, Status> {
         let started = Instant::now();
         let result = work.await;
-        let code = result
-            .as_ref()
-            .map_or_else(Status::code, |_| tonic::Code::Ok);
+        let code = result.as_ref().map_or_else(Status::code, |_| tonic::Code::Ok);
         self.metrics.observe(method, started, code);
         if let Err(status) = &result {
-            if matches!(
-                status.code(),
-                tonic::Code::Internal | tonic::Code::Unavailable
-            ) {
+            if matches!(status.code(), tonic::Code::Internal | tonic::Code::Unavailable) {
                 tracing::warn!(method, code = ?status.code(), message = status.message(), "request failed");
             }
         }
@@ -87,15 +76,8 @@ impl GatewayApi {
 
     async fn create(&self, request: Request<CreateGatewayRequest>) -> Result<Gateway, Status> {
         let principal = self.authenticate(&request)?;
-        let gateway = request
-            .into_inner()
-            .gateway
-            .ok_or_else(|| invalid("gateway", "required"))?;
-        let name = gateway
-            .metadata
-            .as_ref()
-            .map(|m| m.name.clone())
-            .unwrap_or_default();
+        let gateway = request.into_inner().gateway.ok_or_else(|| invalid("gateway", "required"))?;
+        let name = gateway.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
         validation::validate_name("gateway.metadata.name", &name).map_err(|e| rule_status(&e))?;
         let uid = uuid::Uuid::new_v4().to_string();
         let (role, now) = (principal.role, now());
@@ -131,9 +113,7 @@ impl GatewayApi {
         let page_size = match request.page_size {
             0 => DEFAULT_PAGE_SIZE,
             n if n < 0 => return Err(invalid("page_size", "must be 0 (default 100) or more")),
-            n => usize::try_from(n)
-                .unwrap_or(MAX_PAGE_SIZE)
-                .min(MAX_PAGE_SIZE),
+            n => usize::try_from(n).unwrap_or(MAX_PAGE_SIZE).min(MAX_PAGE_SIZE),
         };
         let selector = Selector::parse(&request.label_selector)
             .map_err(|e| invalid("label_selector", e.to_string()))?;
@@ -144,20 +124,12 @@ impl GatewayApi {
                 (after, Some(revision))
             }
         };
-        let batch = if selector.is_empty() {
-            page_size + 1
-        } else {
-            (page_size + 1).max(500)
-        };
+        let batch = if selector.is_empty() { page_size + 1 } else { (page_size + 1).max(500) };
         let mut gateways = Vec::new();
         let mut bytes = 0;
         let mut more = false;
         'scan: loop {
-            let snapshot = self
-                .storage
-                .list(&after, batch)
-                .await
-                .map_err(storage_status)?;
+            let snapshot = self.storage.list(&after, batch).await.map_err(storage_status)?;
             revision.get_or_insert(snapshot.revision);
             let exhausted = snapshot.gateways.len() < batch;
             for gateway in snapshot.gateways {
@@ -181,29 +153,16 @@ impl GatewayApi {
             }
         }
         let revision = revision.unwrap_or_default();
-        let next_page_token = if more {
-            PageToken::encode(revision, &after)
-        } else {
-            String::new()
-        };
-        Ok(ListGatewaysResponse {
-            gateways,
-            next_page_token,
-            resource_version: revision,
-        })
+        let next_page_token =
+            if more { PageToken::encode(revision, &after) } else { String::new() };
+        Ok(ListGatewaysResponse { gateways, next_page_token, resource_version: revision })
     }
 
     async fn update(&self, request: Request<UpdateGatewayRequest>) -> Result<Gateway, Status> {
         let principal = self.authenticate(&request)?;
         let request = request.into_inner();
-        let gateway = request
-            .gateway
-            .ok_or_else(|| invalid("gateway", "required"))?;
-        let name = gateway
-            .metadata
-            .as_ref()
-            .map(|m| m.name.clone())
-            .unwrap_or_default();
+        let gateway = request.gateway.ok_or_else(|| invalid("gateway", "required"))?;
+        let name = gateway.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
         validation::validate_name("gateway.metadata.name", &name).map_err(|e| rule_status(&e))?;
         let paths = request.update_mask.map(|m| m.paths).unwrap_or_default();
         let (role, now, target) = (principal.role, now(), name.clone());
@@ -228,12 +187,8 @@ impl GatewayApi {
         let principal = self.authenticate(&request)?;
         let request = request.into_inner();
         validation::validate_name("name", &request.name).map_err(|e| rule_status(&e))?;
-        let (role, now, target, rv) = (
-            principal.role,
-            now(),
-            request.name.clone(),
-            request.resource_version,
-        );
+        let (role, now, target, rv) =
+            (principal.role, now(), request.name.clone(), request.resource_version);
         let committed = self
             .writer
             .mutate(
@@ -251,10 +206,7 @@ impl GatewayApi {
 }
 
 fn gateway_name(g: &Gateway) -> String {
-    g.metadata
-        .as_ref()
-        .map(|m| m.name.clone())
-        .unwrap_or_default()
+    g.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default()
 }
 
 fn now() -> Timestamp {
@@ -273,10 +225,7 @@ impl PageToken {
 
     fn decode(token: &str) -> Result<(i64, String), Status> {
         let bad = || {
-            invalid(
-                "page_token",
-                "not a token returned by ListGateways; start again without one",
-            )
+            invalid("page_token", "not a token returned by ListGateways; start again without one")
         };
         let bytes = URL_SAFE_NO_PAD.decode(token).map_err(|_| bad())?;
         let text = String::from_utf8(bytes).map_err(|_| bad())?;
@@ -349,15 +298,9 @@ mod tests {
     #[test]
     fn page_tokens_round_trip_and_reject_garbage() {
         let token = PageToken::encode(42, "edge-7");
-        assert_eq!(
-            PageToken::decode(&token).unwrap(),
-            (42, "edge-7".to_string())
-        );
+        assert_eq!(PageToken::decode(&token).unwrap(), (42, "edge-7".to_string()));
         for bad in ["%%%", "bm90LWEtdG9rZW4", ""] {
-            assert_eq!(
-                PageToken::decode(bad).unwrap_err().code(),
-                tonic::Code::InvalidArgument
-            );
+            assert_eq!(PageToken::decode(bad).unwrap_err().code(), tonic::Code::InvalidArgument);
         }
     }
 }

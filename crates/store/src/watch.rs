@@ -81,10 +81,7 @@ impl Filter {
             return None;
         }
         let now = self.matches_labels(event.labels());
-        let before = event
-            .prev_labels
-            .as_ref()
-            .is_some_and(|l| self.matches_labels(Some(l)));
+        let before = event.prev_labels.as_ref().is_some_and(|l| self.matches_labels(Some(l)));
         match (event.kind, before, now) {
             (EventType::Added, _, true) => Some(EventType::Added),
             (EventType::Modified, true, true) => Some(EventType::Modified),
@@ -128,10 +125,8 @@ fn event_out(kind: EventType, gateway: Option<Gateway>, revision: i64) -> WatchE
 }
 
 fn with_reason(code: Code, message: String, reason: &str, metadata: &[(&str, String)]) -> Status {
-    let metadata: HashMap<String, String> = metadata
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.clone()))
-        .collect();
+    let metadata: HashMap<String, String> =
+        metadata.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
     Status::with_error_details(
         code,
         message,
@@ -146,22 +141,12 @@ pub async fn start(
 ) -> Result<WatchStream, Status> {
     let filter = Filter::from_request(&request)?;
     if request.resource_version < 0 {
-        return Err(invalid(
-            "resource_version",
-            "must be 0 (from now) or a revision",
-        ));
+        return Err(invalid("resource_version", "must be 0 (from now) or a revision"));
     }
     let (last, initial) = if request.send_initial_events {
-        let snapshot = ctx
-            .storage
-            .list("", usize::MAX)
-            .await
-            .map_err(storage_status)?;
-        let objects: Vec<Gateway> = snapshot
-            .gateways
-            .into_iter()
-            .filter(|g| filter.matches(g))
-            .collect();
+        let snapshot = ctx.storage.list("", usize::MAX).await.map_err(storage_status)?;
+        let objects: Vec<Gateway> =
+            snapshot.gateways.into_iter().filter(|g| filter.matches(g)).collect();
         (snapshot.revision, Some(objects.into_iter()))
     } else if request.resource_version == 0 {
         (ctx.hub.head(), None)
@@ -185,13 +170,10 @@ pub async fn start(
         stopping: false,
         done: false,
     };
-    Ok(Box::pin(futures_util::stream::unfold(
-        state,
-        |mut state| async move {
-            let item = next(&mut state).await?;
-            Some((item, state))
-        },
-    )))
+    Ok(Box::pin(futures_util::stream::unfold(state, |mut state| async move {
+        let item = next(&mut state).await?;
+        Some((item, state))
+    })))
 }
 
 async fn next(s: &mut State) -> Option<Result<WatchEvent, Status>> {
@@ -215,11 +197,7 @@ async fn next(s: &mut State) -> Option<Result<WatchEvent, Status>> {
             }
             s.last = event.revision;
             if let Some(kind) = s.filter.apply(&event) {
-                return Some(Ok(event_out(
-                    kind,
-                    Some((*event.gateway).clone()),
-                    event.revision,
-                )));
+                return Some(Ok(event_out(kind, Some((*event.gateway).clone()), event.revision)));
             }
             continue;
         }
@@ -338,11 +316,8 @@ mod tests {
         labels: &[(&str, &str)],
         prev: Option<&[(&str, &str)]>,
     ) -> Event {
-        let map = |l: &[(&str, &str)]| {
-            l.iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        };
+        let map =
+            |l: &[(&str, &str)]| l.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Event {
             revision: 5,
             kind,
@@ -372,10 +347,7 @@ mod tests {
         let f = filter("env=prod", "");
         let prod: &[(&str, &str)] = &[("env", "prod")];
         let dev: &[(&str, &str)] = &[("env", "dev")];
-        assert_eq!(
-            f.apply(&event(EventType::Added, "a", prod, None)),
-            Some(EventType::Added)
-        );
+        assert_eq!(f.apply(&event(EventType::Added, "a", prod, None)), Some(EventType::Added));
         assert_eq!(f.apply(&event(EventType::Added, "a", dev, None)), None);
         assert_eq!(
             f.apply(&event(EventType::Modified, "a", prod, Some(prod))),
@@ -389,27 +361,18 @@ mod tests {
             f.apply(&event(EventType::Modified, "a", dev, Some(prod))),
             Some(EventType::Deleted)
         );
-        assert_eq!(
-            f.apply(&event(EventType::Modified, "a", dev, Some(dev))),
-            None
-        );
+        assert_eq!(f.apply(&event(EventType::Modified, "a", dev, Some(dev))), None);
         assert_eq!(
             f.apply(&event(EventType::Deleted, "a", prod, Some(prod))),
             Some(EventType::Deleted)
         );
-        assert_eq!(
-            f.apply(&event(EventType::Deleted, "a", dev, Some(dev))),
-            None
-        );
+        assert_eq!(f.apply(&event(EventType::Deleted, "a", dev, Some(dev))), None);
     }
 
     #[test]
     fn name_filter() {
         let f = filter("", "edge");
-        assert_eq!(
-            f.apply(&event(EventType::Added, "edge", &[], None)),
-            Some(EventType::Added)
-        );
+        assert_eq!(f.apply(&event(EventType::Added, "edge", &[], None)), Some(EventType::Added));
         assert_eq!(f.apply(&event(EventType::Added, "other", &[], None)), None);
         assert!(Filter::from_request(&WatchGatewaysRequest {
             name: "Bad!".into(),

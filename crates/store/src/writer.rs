@@ -48,13 +48,7 @@ impl Writer {
     /// the batch committed.
     pub async fn mutate(&self, name: &str, mutation: Mutation) -> Result<Committed, StorageError> {
         let (reply, answer) = oneshot::channel();
-        let job = Job {
-            write: PendingWrite {
-                name: name.to_string(),
-                mutation,
-            },
-            reply,
-        };
+        let job = Job { write: PendingWrite { name: name.to_string(), mutation }, reply };
         let stopped = || StorageError::NotCommitted("the store is shutting down".into());
         self.queue.send(job).await.map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
@@ -68,11 +62,7 @@ async fn run(mut jobs: mpsc::Receiver<Job>, storage: Arc<dyn Storage>, hub: Arc<
             batch.drain(..).map(|j| (j.write, j.reply)).unzip();
         match storage.write_batch(writes).await {
             Ok(results) => {
-                hub.publish(
-                    results
-                        .iter()
-                        .filter_map(|r| r.as_ref().ok()?.event.clone()),
-                );
+                hub.publish(results.iter().filter_map(|r| r.as_ref().ok()?.event.clone()));
                 for (reply, result) in replies.into_iter().zip(results) {
                     // The caller may have gone away; the write stands.
                     let _ = reply.send(result);

@@ -15,23 +15,15 @@ use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
 async fn update(client: &mut Client, g: Gateway, paths: &[&str]) -> Result<Gateway, Status> {
-    let update_mask = Some(FieldMask {
-        paths: paths.iter().map(|p| p.to_string()).collect(),
-    });
+    let update_mask = Some(FieldMask { paths: paths.iter().map(|p| p.to_string()).collect() });
     client
-        .update_gateway(UpdateGatewayRequest {
-            gateway: Some(g),
-            update_mask,
-        })
+        .update_gateway(UpdateGatewayRequest { gateway: Some(g), update_mask })
         .await
         .map(|r| r.into_inner())
 }
 
 async fn get(client: &mut Client, name: &str) -> Result<Gateway, Status> {
-    client
-        .get_gateway(GetGatewayRequest { name: name.into() })
-        .await
-        .map(|r| r.into_inner())
+    client.get_gateway(GetGatewayRequest { name: name.into() }).await.map(|r| r.into_inner())
 }
 
 /// The field a status names in its details, whichever kind they are.
@@ -42,9 +34,7 @@ fn field_of(status: &Status) -> Option<String> {
     if let Some(pre) = status.get_details_precondition_failure() {
         return pre.violations.first().map(|v| v.subject.clone());
     }
-    status
-        .get_details_error_info()
-        .and_then(|info| info.metadata.get("field").cloned())
+    status.get_details_error_info().and_then(|info| info.metadata.get("field").cloned())
 }
 
 fn status_write(name: &str, rv: i64, observed: i64, steps: Vec<ProvisioningStep>) -> Gateway {
@@ -64,21 +54,11 @@ fn status_write(name: &str, rv: i64, observed: i64, steps: Vec<ProvisioningStep>
 }
 
 fn step(name: &str, state: StepState) -> ProvisioningStep {
-    ProvisioningStep {
-        name: name.into(),
-        state: state as i32,
-        message: String::new(),
-    }
+    ProvisioningStep { name: name.into(), state: state as i32, message: String::new() }
 }
 
 fn steps_of(g: &Gateway) -> Vec<(String, StepState)> {
-    g.status
-        .as_ref()
-        .unwrap()
-        .provisioning
-        .iter()
-        .map(|s| (s.name.clone(), s.state()))
-        .collect()
+    g.status.as_ref().unwrap().provisioning.iter().map(|s| (s.name.clone(), s.state())).collect()
 }
 
 async fn create_starts_unconverged_and_the_row_holds_zero(store: &TestStore) {
@@ -87,10 +67,7 @@ async fn create_starts_unconverged_and_the_row_holds_zero(store: &TestStore) {
     assert_eq!(meta(&g).generation, 1);
     assert_eq!(g.status.as_ref().unwrap().observed_generation, 0);
     assert_eq!(g.status.as_ref().unwrap().phase(), Phase::Pending);
-    assert!(
-        meta(&g).resource_version > 1,
-        "revision 1 is the bootstrap revision"
-    );
+    assert!(meta(&g).resource_version > 1, "revision 1 is the bootstrap revision");
     assert!(!meta(&g).uid.is_empty());
     assert_eq!(store.raw_generations("edge").await, Some((1, 0)));
     assert_eq!(get(&mut c, "edge").await.unwrap(), g);
@@ -101,28 +78,19 @@ async fn create_starts_unconverged_and_the_row_holds_zero(store: &TestStore) {
         })
         .await;
     assert_eq!(again.unwrap_err().code(), Code::AlreadyExists);
-    assert_eq!(
-        get(&mut c, "missing").await.unwrap_err().code(),
-        Code::NotFound
-    );
+    assert_eq!(get(&mut c, "missing").await.unwrap_err().code(), Code::NotFound);
 }
 
 async fn spec_change_advances_generation_by_one(store: &TestStore) {
     let mut c = store.client(EDITOR).await;
     create(&mut c, gateway("edge", "gw:1")).await;
-    let g = update(&mut c, gateway("edge", "gw:2"), &["spec"])
-        .await
-        .unwrap();
+    let g = update(&mut c, gateway("edge", "gw:2"), &["spec"]).await.unwrap();
     assert_eq!(meta(&g).generation, 2);
     let mut replicas = gateway("edge", "ignored");
     replicas.spec.as_mut().unwrap().replicas = Some(3);
     let g = update(&mut c, replicas, &["spec.replicas"]).await.unwrap();
     assert_eq!(meta(&g).generation, 3);
-    assert_eq!(
-        g.spec.as_ref().unwrap().image,
-        "gw:2",
-        "only the masked field changes"
-    );
+    assert_eq!(g.spec.as_ref().unwrap().image, "gw:2", "only the masked field changes");
     assert_eq!(store.raw_generations("edge").await, Some((3, 0)));
 }
 
@@ -130,19 +98,9 @@ async fn metadata_only_change_keeps_generation(store: &TestStore) {
     let mut c = store.client(EDITOR).await;
     let created = create(&mut c, gateway("edge", "gw:1")).await;
     let mut g = gateway("edge", "gw:ignored");
-    g.metadata
-        .as_mut()
-        .unwrap()
-        .labels
-        .insert("team".into(), "payments".into());
-    g.metadata
-        .as_mut()
-        .unwrap()
-        .annotations
-        .insert("note".into(), "hello".into());
-    let updated = update(&mut c, g, &["metadata.labels", "metadata.annotations"])
-        .await
-        .unwrap();
+    g.metadata.as_mut().unwrap().labels.insert("team".into(), "payments".into());
+    g.metadata.as_mut().unwrap().annotations.insert("note".into(), "hello".into());
+    let updated = update(&mut c, g, &["metadata.labels", "metadata.annotations"]).await.unwrap();
     assert_eq!(meta(&updated).generation, 1);
     assert_eq!(meta(&updated).labels["team"], "payments");
     assert!(meta(&updated).resource_version > meta(&created).resource_version);
@@ -188,9 +146,8 @@ async fn equal_spec_with_maps_in_another_order_keeps_generation(store: &TestStor
     let mut c = store.client(EDITOR).await;
     let mut g = gateway("edge", "gw:1");
     let spec = g.spec.as_mut().unwrap();
-    spec.config = [("a", "1"), ("b", "2"), ("c", "3")]
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .into();
+    spec.config =
+        [("a", "1"), ("b", "2"), ("c", "3")].map(|(k, v)| (k.to_string(), v.to_string())).into();
     spec.server_dns_names = vec!["a.example.com".into(), "b.example.com".into()];
     let created = create(&mut c, g).await;
 
@@ -198,10 +155,7 @@ async fn equal_spec_with_maps_in_another_order_keeps_generation(store: &TestStor
     // and duplicated.
     let request = wire::UpdateRequest {
         gateway: Some(wire::Gateway {
-            metadata: Some(ObjectMeta {
-                name: "edge".into(),
-                ..Default::default()
-            }),
+            metadata: Some(ObjectMeta { name: "edge".into(), ..Default::default() }),
             spec: Some(wire::Spec {
                 image: "gw:1".into(),
                 server_dns_names: vec![
@@ -210,22 +164,16 @@ async fn equal_spec_with_maps_in_another_order_keeps_generation(store: &TestStor
                     "b.example.com".into(),
                 ],
                 config: [("c", "3"), ("b", "2"), ("a", "1")]
-                    .map(|(k, v)| wire::Entry {
-                        key: k.into(),
-                        value: v.into(),
-                    })
+                    .map(|(k, v)| wire::Entry { key: k.into(), value: v.into() })
                     .to_vec(),
             }),
         }),
-        update_mask: Some(FieldMask {
-            paths: vec!["spec".into()],
-        }),
+        update_mask: Some(FieldMask { paths: vec!["spec".into()] }),
     };
     let mut grpc = tonic::client::Grpc::new(store.channel().await);
     grpc.ready().await.unwrap();
     let mut req = tonic::Request::new(request);
-    req.metadata_mut()
-        .insert("authorization", format!("Bearer {EDITOR}").parse().unwrap());
+    req.metadata_mut().insert("authorization", format!("Bearer {EDITOR}").parse().unwrap());
     let path = tonic::codegen::http::uri::PathAndQuery::from_static(
         "/gantry.v1.GatewayService/UpdateGateway",
     );
@@ -239,16 +187,8 @@ async fn equal_spec_with_maps_in_another_order_keeps_generation(store: &TestStor
     );
 
     let mut changed = created.clone();
-    changed
-        .spec
-        .as_mut()
-        .unwrap()
-        .config
-        .insert("a".into(), "changed".into());
-    assert_eq!(
-        meta(&update(&mut c, changed, &["spec"]).await.unwrap()).generation,
-        2
-    );
+    changed.spec.as_mut().unwrap().config.insert("a".into(), "changed".into());
+    assert_eq!(meta(&update(&mut c, changed, &["spec"]).await.unwrap()).generation, 2);
 }
 
 async fn stale_resource_version_is_aborted(store: &TestStore) {
@@ -260,76 +200,49 @@ async fn stale_resource_version_is_aborted(store: &TestStore) {
     first.spec.as_mut().unwrap().image = "gw:3".into();
     let err = update(&mut c, first, &["spec"]).await.unwrap_err();
     assert_eq!(err.code(), Code::Aborted);
-    assert_eq!(
-        field_of(&err).as_deref(),
-        Some("gateway.metadata.resource_version")
-    );
-    assert_eq!(
-        get(&mut c, "edge").await.unwrap().spec.unwrap().image,
-        "gw:2"
-    );
+    assert_eq!(field_of(&err).as_deref(), Some("gateway.metadata.resource_version"));
+    assert_eq!(get(&mut c, "edge").await.unwrap().spec.unwrap().image, "gw:2");
 
     let stale_delete = DeleteGatewayRequest {
         name: "edge".into(),
         resource_version: meta(&created).resource_version,
     };
-    assert_eq!(
-        c.delete_gateway(stale_delete).await.unwrap_err().code(),
-        Code::Aborted
-    );
+    assert_eq!(c.delete_gateway(stale_delete).await.unwrap_err().code(), Code::Aborted);
 }
 
 async fn status_is_written_only_by_the_reconciler(store: &TestStore) {
     let mut editor = store.client(EDITOR).await;
     let mut viewer = store.client(VIEWER).await;
     create(&mut editor, gateway("edge", "gw:1")).await;
-    let err = update(&mut editor, status_write("edge", 0, 1, vec![]), &["status"])
-        .await
-        .unwrap_err();
+    let err =
+        update(&mut editor, status_write("edge", 0, 1, vec![]), &["status"]).await.unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied);
     assert_eq!(field_of(&err).as_deref(), Some("gateway.status"));
-    let err = update(
-        &mut editor,
-        status_write("edge", 0, 1, vec![]),
-        &["status.observed_generation"],
-    )
-    .await
-    .unwrap_err();
+    let err =
+        update(&mut editor, status_write("edge", 0, 1, vec![]), &["status.observed_generation"])
+            .await
+            .unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied);
-    let err = update(&mut viewer, gateway("edge", "gw:2"), &["spec"])
-        .await
-        .unwrap_err();
+    let err = update(&mut viewer, gateway("edge", "gw:2"), &["spec"]).await.unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied);
     let mut reconciler = store.client(RECONCILER).await;
-    let err = update(&mut reconciler, gateway("edge", "gw:2"), &["spec"])
-        .await
-        .unwrap_err();
+    let err = update(&mut reconciler, gateway("edge", "gw:2"), &["spec"]).await.unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied);
     assert_eq!(field_of(&err).as_deref(), Some("gateway.spec"));
-    assert_eq!(
-        store.raw_generations("edge").await,
-        Some((1, 0)),
-        "nothing was written"
-    );
+    assert_eq!(store.raw_generations("edge").await, Some((1, 0)), "nothing was written");
 }
 
 async fn observed_generation_stays_in_range(store: &TestStore) {
     let mut editor = store.client(EDITOR).await;
     let mut reconciler = store.client(RECONCILER).await;
     create(&mut editor, gateway("edge", "gw:1")).await;
-    update(&mut editor, gateway("edge", "gw:2"), &["spec"])
-        .await
-        .unwrap(); // generation 2
+    update(&mut editor, gateway("edge", "gw:2"), &["spec"]).await.unwrap(); // generation 2
 
     let mut write = status_write("edge", 0, 1, vec![]);
     write.status.as_mut().unwrap().phase = Phase::Provisioning as i32;
-    let g = update(
-        &mut reconciler,
-        write,
-        &["status.observed_generation", "status.phase"],
-    )
-    .await
-    .unwrap();
+    let g = update(&mut reconciler, write, &["status.observed_generation", "status.phase"])
+        .await
+        .unwrap();
     assert_eq!(g.status.as_ref().unwrap().observed_generation, 1);
     assert_eq!(g.status.as_ref().unwrap().phase(), Phase::Provisioning);
 
@@ -341,10 +254,7 @@ async fn observed_generation_stays_in_range(store: &TestStore) {
     .await
     .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
-    assert_eq!(
-        field_of(&err).as_deref(),
-        Some("gateway.status.observed_generation")
-    );
+    assert_eq!(field_of(&err).as_deref(), Some("gateway.status.observed_generation"));
     let err = update(
         &mut reconciler,
         status_write("edge", 0, 0, vec![]),
@@ -372,13 +282,9 @@ async fn observed_generation_stays_in_range(store: &TestStore) {
         observed_generation: 2,
         ..Default::default()
     }];
-    let g = update(&mut reconciler, conditions, &["status.conditions"])
-        .await
-        .unwrap();
+    let g = update(&mut reconciler, conditions, &["status.conditions"]).await.unwrap();
     assert!(
-        g.status.unwrap().conditions[0]
-            .last_transition_time
-            .is_some(),
+        g.status.unwrap().conditions[0].last_transition_time.is_some(),
         "the store stamps transitions"
     );
 }
@@ -392,17 +298,13 @@ async fn provisioning_steps_never_regress_and_reset_with_generation(store: &Test
         step("ManifestsApplied", StepState::Complete),
         step("WorkloadAvailable", StepState::InProgress),
     ];
-    update(&mut reconciler, status_write("edge", 0, 0, forward), &paths)
-        .await
-        .unwrap();
+    update(&mut reconciler, status_write("edge", 0, 0, forward), &paths).await.unwrap();
     // A replayed older write: both steps back to PENDING.
     let stale = vec![
         step("ManifestsApplied", StepState::Pending),
         step("WorkloadAvailable", StepState::Pending),
     ];
-    let g = update(&mut reconciler, status_write("edge", 0, 0, stale), &paths)
-        .await
-        .unwrap();
+    let g = update(&mut reconciler, status_write("edge", 0, 0, stale), &paths).await.unwrap();
     assert_eq!(
         steps_of(&g),
         [
@@ -413,44 +315,25 @@ async fn provisioning_steps_never_regress_and_reset_with_generation(store: &Test
     // FAILED shows, and can recover.
     let g = update(
         &mut reconciler,
-        status_write(
-            "edge",
-            0,
-            0,
-            vec![step("WorkloadAvailable", StepState::Failed)],
-        ),
+        status_write("edge", 0, 0, vec![step("WorkloadAvailable", StepState::Failed)]),
         &paths,
     )
     .await
     .unwrap();
     assert_eq!(steps_of(&g)[1].1, StepState::Failed);
-    assert_eq!(
-        steps_of(&g)[0].1,
-        StepState::Complete,
-        "an unmentioned step is kept"
-    );
+    assert_eq!(steps_of(&g)[0].1, StepState::Complete, "an unmentioned step is kept");
     let g = update(
         &mut reconciler,
-        status_write(
-            "edge",
-            0,
-            0,
-            vec![step("WorkloadAvailable", StepState::Complete)],
-        ),
+        status_write("edge", 0, 0, vec![step("WorkloadAvailable", StepState::Complete)]),
         &paths,
     )
     .await
     .unwrap();
     assert_eq!(steps_of(&g)[1].1, StepState::Complete);
 
-    let g = update(&mut editor, gateway("edge", "gw:2"), &["spec"])
-        .await
-        .unwrap();
+    let g = update(&mut editor, gateway("edge", "gw:2"), &["spec"]).await.unwrap();
     assert_eq!(meta(&g).generation, 2);
-    assert!(
-        steps_of(&g).is_empty(),
-        "a generation advance clears provisioning"
-    );
+    assert!(steps_of(&g).is_empty(), "a generation advance clears provisioning");
 }
 
 async fn delete_waits_for_finalizers(store: &TestStore) {
@@ -459,15 +342,10 @@ async fn delete_waits_for_finalizers(store: &TestStore) {
     create(&mut editor, gateway("edge", "gw:1")).await;
     let mut claim = gateway("edge", "");
     claim.metadata.as_mut().unwrap().finalizers = vec!["gantry.dev/cleanup".into()];
-    update(&mut reconciler, claim, &["metadata.finalizers"])
-        .await
-        .unwrap();
+    update(&mut reconciler, claim, &["metadata.finalizers"]).await.unwrap();
 
     let deleting = editor
-        .delete_gateway(DeleteGatewayRequest {
-            name: "edge".into(),
-            resource_version: 0,
-        })
+        .delete_gateway(DeleteGatewayRequest { name: "edge".into(), resource_version: 0 })
         .await
         .unwrap()
         .into_inner();
@@ -475,42 +353,22 @@ async fn delete_waits_for_finalizers(store: &TestStore) {
     assert_eq!(deleting.status.as_ref().unwrap().phase(), Phase::Deleting);
     let still = get(&mut editor, "edge").await.unwrap();
     assert_eq!(still.status.as_ref().unwrap().phase(), Phase::Deleting);
-    let err = update(&mut editor, gateway("edge", "gw:2"), &["spec"])
-        .await
-        .unwrap_err();
-    assert_eq!(
-        err.code(),
-        Code::FailedPrecondition,
-        "no spec change while deleting"
-    );
+    let err = update(&mut editor, gateway("edge", "gw:2"), &["spec"]).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "no spec change while deleting");
 
     let release = gateway("edge", "");
-    update(&mut reconciler, release, &["metadata.finalizers"])
-        .await
-        .unwrap();
-    assert_eq!(
-        get(&mut editor, "edge").await.unwrap_err().code(),
-        Code::NotFound
-    );
+    update(&mut reconciler, release, &["metadata.finalizers"]).await.unwrap();
+    assert_eq!(get(&mut editor, "edge").await.unwrap_err().code(), Code::NotFound);
     assert_eq!(store.raw_generations("edge").await, None);
 
     create(&mut editor, gateway("plain", "gw:1")).await;
     editor
-        .delete_gateway(DeleteGatewayRequest {
-            name: "plain".into(),
-            resource_version: 0,
-        })
+        .delete_gateway(DeleteGatewayRequest { name: "plain".into(), resource_version: 0 })
         .await
         .unwrap();
-    assert_eq!(
-        get(&mut editor, "plain").await.unwrap_err().code(),
-        Code::NotFound
-    );
+    assert_eq!(get(&mut editor, "plain").await.unwrap_err().code(), Code::NotFound);
     let err = editor
-        .delete_gateway(DeleteGatewayRequest {
-            name: "plain".into(),
-            resource_version: 0,
-        })
+        .delete_gateway(DeleteGatewayRequest { name: "plain".into(), resource_version: 0 })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
@@ -549,29 +407,17 @@ async fn pagination_returns_every_row_exactly_once(store: &TestStore) {
     let (names, revisions) = list_all(&mut c, "", 5).await;
     assert_eq!(names, expected);
     assert_eq!(revisions.len(), 5);
-    assert!(
-        revisions.iter().all(|r| *r == revisions[0] && *r > 1),
-        "{revisions:?}"
-    );
+    assert!(revisions.iter().all(|r| *r == revisions[0] && *r > 1), "{revisions:?}");
 
     // Writes between pages: rows that exist throughout still come once.
     let first = c
-        .list_gateways(ListGatewaysRequest {
-            page_size: 10,
-            ..Default::default()
-        })
+        .list_gateways(ListGatewaysRequest { page_size: 10, ..Default::default() })
         .await
         .unwrap()
         .into_inner();
     create(&mut c, gateway("aaa-new", "gw:1")).await;
-    update(&mut c, gateway("gw-15", "gw:2"), &["spec"])
-        .await
-        .unwrap();
-    let mut names: Vec<String> = first
-        .gateways
-        .iter()
-        .map(|g| meta(g).name.clone())
-        .collect();
+    update(&mut c, gateway("gw-15", "gw:2"), &["spec"]).await.unwrap();
+    let mut names: Vec<String> = first.gateways.iter().map(|g| meta(g).name.clone()).collect();
     let mut token = first.next_page_token;
     while !token.is_empty() {
         let page = c
@@ -589,10 +435,7 @@ async fn pagination_returns_every_row_exactly_once(store: &TestStore) {
     assert_eq!(names, expected);
 
     let bad = c
-        .list_gateways(ListGatewaysRequest {
-            page_token: "garbage!".into(),
-            ..Default::default()
-        })
+        .list_gateways(ListGatewaysRequest { page_token: "garbage!".into(), ..Default::default() })
         .await
         .unwrap_err();
     assert_eq!(
@@ -600,10 +443,7 @@ async fn pagination_returns_every_row_exactly_once(store: &TestStore) {
         (Code::InvalidArgument, Some("page_token"))
     );
     let bad = c
-        .list_gateways(ListGatewaysRequest {
-            page_size: -1,
-            ..Default::default()
-        })
+        .list_gateways(ListGatewaysRequest { page_size: -1, ..Default::default() })
         .await
         .unwrap_err();
     assert_eq!(field_of(&bad).as_deref(), Some("page_size"));
@@ -618,10 +458,8 @@ async fn label_selectors_filter_on_the_server(store: &TestStore) {
         ("d", vec![]),
     ] {
         let mut g = gateway(name, "gw:1");
-        g.metadata.as_mut().unwrap().labels = labels
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        g.metadata.as_mut().unwrap().labels =
+            labels.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         create(&mut c, g).await;
     }
     let cases = [
@@ -695,13 +533,7 @@ async fn invalid_requests_name_the_field(store: &TestStore) {
             },
             "gateway.spec.server_dns_names",
         ),
-        (
-            Gateway {
-                spec: None,
-                ..gateway("edge", "")
-            },
-            "gateway.spec",
-        ),
+        (Gateway { spec: None, ..gateway("edge", "") }, "gateway.spec"),
     ];
     for (g, field) in cases {
         let err = c
@@ -711,30 +543,19 @@ async fn invalid_requests_name_the_field(store: &TestStore) {
         assert_eq!(err.code(), Code::InvalidArgument, "{field}: {err:?}");
         assert_eq!(field_of(&err).as_deref(), Some(field), "{err:?}");
     }
-    let err = c
-        .create_gateway(gantry_api::v1::CreateGatewayRequest { gateway: None })
-        .await
-        .unwrap_err();
+    let err =
+        c.create_gateway(gantry_api::v1::CreateGatewayRequest { gateway: None }).await.unwrap_err();
     assert_eq!(field_of(&err).as_deref(), Some("gateway"));
 
     create(&mut c, gateway("edge", "gw:1")).await;
-    let err = update(&mut c, gateway("edge", "gw:2"), &[])
-        .await
-        .unwrap_err();
+    let err = update(&mut c, gateway("edge", "gw:2"), &[]).await.unwrap_err();
     assert_eq!(field_of(&err).as_deref(), Some("update_mask"));
-    let err = update(&mut c, gateway("edge", "gw:2"), &["spec", "metadata.uid"])
-        .await
-        .unwrap_err();
+    let err = update(&mut c, gateway("edge", "gw:2"), &["spec", "metadata.uid"]).await.unwrap_err();
     assert_eq!(field_of(&err).as_deref(), Some("update_mask.paths[1]"));
-    let err = update(&mut c, gateway("edge", "UPPER"), &["spec.image"])
-        .await
-        .unwrap_err();
+    let err = update(&mut c, gateway("edge", "UPPER"), &["spec.image"]).await.unwrap_err();
     assert_eq!(field_of(&err).as_deref(), Some("gateway.spec.image"));
     let err = get(&mut c, "").await.unwrap_err();
-    assert_eq!(
-        (err.code(), field_of(&err).as_deref()),
-        (Code::InvalidArgument, Some("name"))
-    );
+    assert_eq!((err.code(), field_of(&err).as_deref()), (Code::InvalidArgument, Some("name")));
     assert_eq!(
         get(&mut c, "edge").await.unwrap().spec.unwrap().image,
         "gw:1",
@@ -748,18 +569,12 @@ async fn invalid_requests_name_the_field(store: &TestStore) {
     };
     let err = c
         .create_gateway(gantry_api::v1::CreateGatewayRequest {
-            gateway: Some(Gateway {
-                spec: Some(huge),
-                ..gateway("big", "")
-            }),
+            gateway: Some(Gateway { spec: Some(huge), ..gateway("big", "") }),
         })
         .await
         .unwrap_err();
     assert!(
-        matches!(
-            err.code(),
-            Code::ResourceExhausted | Code::OutOfRange | Code::InvalidArgument
-        ),
+        matches!(err.code(), Code::ResourceExhausted | Code::OutOfRange | Code::InvalidArgument),
         "{err:?}"
     );
     assert_eq!(get(&mut c, "big").await.unwrap_err().code(), Code::NotFound);
@@ -777,10 +592,7 @@ async fn calls_without_a_valid_token_are_unauthenticated(store: &TestStore) {
             .await
             .unwrap_err();
         assert_eq!(err.code(), Code::Unauthenticated);
-        let err = c
-            .list_gateways(ListGatewaysRequest::default())
-            .await
-            .unwrap_err();
+        let err = c.list_gateways(ListGatewaysRequest::default()).await.unwrap_err();
         assert_eq!(err.code(), Code::Unauthenticated);
     }
     let mut viewer = store.client(VIEWER).await;
@@ -814,9 +626,7 @@ async fn concurrent_spec_updates_lose_nothing(store: &TestStore) {
 
     let mut tasks = Vec::new();
     for client_id in 0..CLIENTS {
-        let mut c = store
-            .client(if client_id % 2 == 0 { EDITOR } else { ADMIN })
-            .await;
+        let mut c = store.client(if client_id % 2 == 0 { EDITOR } else { ADMIN }).await;
         tasks.push(tokio::spawn(async move {
             let (mut acks, mut aborted) = (Vec::new(), 0);
             while acks.len() < CHANGES_PER_CLIENT {
@@ -845,10 +655,7 @@ async fn concurrent_spec_updates_lose_nothing(store: &TestStore) {
     assert_eq!(accepted, CLIENTS * CHANGES_PER_CLIENT);
     let generations: Vec<i64> = acks.iter().map(|(g, _)| *g).collect();
     let expected: Vec<i64> = (2..=i64::try_from(accepted).unwrap() + 1).collect();
-    assert_eq!(
-        generations, expected,
-        "each acknowledged change has its own generation"
-    );
+    assert_eq!(generations, expected, "each acknowledged change has its own generation");
 
     let last = get(&mut c, "hot").await.unwrap();
     assert_eq!(meta(&last).generation, 1 + i64::try_from(accepted).unwrap());
@@ -859,34 +666,19 @@ async fn concurrent_spec_updates_lose_nothing(store: &TestStore) {
     );
 
     let revisions = store.event_revisions().await;
-    assert_eq!(
-        revisions.len() - events_before,
-        accepted,
-        "one event per acknowledged change"
-    );
-    assert!(
-        revisions.windows(2).all(|w| w[1] == w[0] + 1),
-        "revisions are gap-free"
-    );
-    eprintln!(
-        "{:?}: {accepted} accepted, {aborted} aborted by the precondition",
-        store.backend
-    );
+    assert_eq!(revisions.len() - events_before, accepted, "one event per acknowledged change");
+    assert!(revisions.windows(2).all(|w| w[1] == w[0] + 1), "revisions are gap-free");
+    eprintln!("{:?}: {accepted} accepted, {aborted} aborted by the precondition", store.backend);
 }
 
 async fn health_and_readiness_answer(store: &TestStore) {
     let mut health = tonic_health::pb::health_client::HealthClient::new(store.channel().await);
     let answer = health
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: "gantry.v1.GatewayService".into(),
-        })
+        .check(tonic_health::pb::HealthCheckRequest { service: "gantry.v1.GatewayService".into() })
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(
-        answer.status(),
-        tonic_health::pb::health_check_response::ServingStatus::Serving
-    );
+    assert_eq!(answer.status(), tonic_health::pb::health_check_response::ServingStatus::Serving);
 
     let mut c = store.client(EDITOR).await;
     get(&mut c, "nothing").await.unwrap_err();

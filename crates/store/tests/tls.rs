@@ -21,9 +21,7 @@ async fn tls_serves_clients_that_trust_the_ca_only() {
     let cert = params.self_signed(&key).unwrap();
     let (cert_pem, key_pem) = (cert.pem(), key.serialize_pem());
 
-    let db = common::TestDatabase::create(common::Backend::Sqlite)
-        .await
-        .unwrap();
+    let db = common::TestDatabase::create(common::Backend::Sqlite).await.unwrap();
     let settings = Settings {
         storage: gantry_store::open_storage(&db.url).await.unwrap(),
         auth: Arc::new(Authenticator::parse_tokens_file(common::TOKENS_FILE).unwrap()),
@@ -49,23 +47,15 @@ async fn tls_serves_clients_that_trust_the_ca_only() {
         .await
         .unwrap();
     let mut client = GatewayServiceClient::with_interceptor(channel, Bearer(EDITOR.into()));
-    let page = client
-        .list_gateways(ListGatewaysRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let page = client.list_gateways(ListGatewaysRequest::default()).await.unwrap().into_inner();
     assert!(page.resource_version >= 1);
 
-    let plaintext = Channel::from_shared(format!("http://127.0.0.1:{port}"))
-        .unwrap()
-        .connect()
-        .await;
+    let plaintext =
+        Channel::from_shared(format!("http://127.0.0.1:{port}")).unwrap().connect().await;
     if let Ok(channel) = plaintext {
         let mut c = GatewayServiceClient::with_interceptor(channel, Bearer(EDITOR.into()));
         assert!(
-            c.list_gateways(ListGatewaysRequest::default())
-                .await
-                .is_err(),
+            c.list_gateways(ListGatewaysRequest::default()).await.is_err(),
             "plaintext must not be served"
         );
     }

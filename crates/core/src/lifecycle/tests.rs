@@ -8,28 +8,14 @@ fn t(seconds: i64) -> Timestamp {
 
 fn request(name: &str, image: &str) -> Gateway {
     Gateway {
-        metadata: Some(ObjectMeta {
-            name: name.into(),
-            ..Default::default()
-        }),
-        spec: Some(GatewaySpec {
-            image: image.into(),
-            ..Default::default()
-        }),
+        metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
+        spec: Some(GatewaySpec { image: image.into(), ..Default::default() }),
         status: None,
     }
 }
 
 fn created() -> Gateway {
-    match create(
-        None,
-        request("edge", "gw:1"),
-        Role::Editor,
-        "uid-1".into(),
-        t(1),
-    )
-    .unwrap()
-    {
+    match create(None, request("edge", "gw:1"), Role::Editor, "uid-1".into(), t(1)).unwrap() {
         Write::Put(mut g) => {
             g.metadata.as_mut().unwrap().resource_version = 5;
             g
@@ -46,21 +32,12 @@ fn put(w: Result<Write, RuleError>) -> Gateway {
 }
 
 fn spec_update(current: &Gateway, image: &str) -> Result<Write, RuleError> {
-    update(
-        current,
-        &request("edge", image),
-        &["spec".into()],
-        Role::Editor,
-        t(2),
-    )
+    update(current, &request("edge", image), &["spec".into()], Role::Editor, t(2))
 }
 
 fn status_write(observed: i64, steps: Vec<ProvisioningStep>) -> Gateway {
     Gateway {
-        metadata: Some(ObjectMeta {
-            name: "edge".into(),
-            ..Default::default()
-        }),
+        metadata: Some(ObjectMeta { name: "edge".into(), ..Default::default() }),
         spec: None,
         status: Some(GatewayStatus {
             observed_generation: observed,
@@ -71,28 +48,18 @@ fn status_write(observed: i64, steps: Vec<ProvisioningStep>) -> Gateway {
 }
 
 fn status_paths() -> Vec<String> {
-    vec![
-        "status.observed_generation".into(),
-        "status.provisioning".into(),
-    ]
+    vec!["status.observed_generation".into(), "status.provisioning".into()]
 }
 
 fn step(name: &str, state: StepState) -> ProvisioningStep {
-    ProvisioningStep {
-        name: name.into(),
-        state: state as i32,
-        message: String::new(),
-    }
+    ProvisioningStep { name: name.into(), state: state as i32, message: String::new() }
 }
 
 #[test]
 fn create_starts_unconverged() {
     let g = created();
     let m = g.metadata.as_ref().unwrap();
-    assert_eq!(
-        (m.generation, g.status.as_ref().unwrap().observed_generation),
-        (1, 0)
-    );
+    assert_eq!((m.generation, g.status.as_ref().unwrap().observed_generation), (1, 0));
     assert_eq!(g.status.unwrap().phase(), Phase::Pending);
 }
 
@@ -104,39 +71,17 @@ fn create_ignores_server_fields_and_rejects_foreign_ones() {
     assert_eq!(g.metadata.unwrap().generation, 1);
 
     let mut req = request("edge", "gw:1");
-    req.status = Some(GatewayStatus {
-        observed_generation: 1,
-        ..Default::default()
-    });
+    req.status = Some(GatewayStatus { observed_generation: 1, ..Default::default() });
     let err = create(None, req, Role::Editor, "u".into(), t(1)).unwrap_err();
     assert!(matches!(err, RuleError::PermissionDenied { .. }));
 
-    let err = create(
-        Some(&created()),
-        request("edge", "gw:1"),
-        Role::Editor,
-        "u".into(),
-        t(1),
-    )
-    .unwrap_err();
+    let err = create(Some(&created()), request("edge", "gw:1"), Role::Editor, "u".into(), t(1))
+        .unwrap_err();
     assert_eq!(err, RuleError::AlreadyExists("edge".into()));
-    let err = create(
-        None,
-        request("edge", "gw:1"),
-        Role::Reconciler,
-        "u".into(),
-        t(1),
-    )
-    .unwrap_err();
+    let err =
+        create(None, request("edge", "gw:1"), Role::Reconciler, "u".into(), t(1)).unwrap_err();
     assert!(matches!(err, RuleError::PermissionDenied { .. }));
-    let err = create(
-        None,
-        request("Edge", "gw:1"),
-        Role::Editor,
-        "u".into(),
-        t(1),
-    )
-    .unwrap_err();
+    let err = create(None, request("Edge", "gw:1"), Role::Editor, "u".into(), t(1)).unwrap_err();
     assert_eq!(err.field(), Some("gateway.metadata.name"));
 }
 
@@ -147,28 +92,15 @@ fn spec_change_advances_generation_once_and_clears_provisioning() {
     let next = put(spec_update(&g, "gw:2"));
     assert_eq!(next.metadata.as_ref().unwrap().generation, 2);
     assert!(next.status.unwrap().provisioning.is_empty());
-    assert!(matches!(
-        spec_update(&g, "gw:1").unwrap(),
-        Write::Unchanged(_)
-    ));
+    assert!(matches!(spec_update(&g, "gw:1").unwrap(), Write::Unchanged(_)));
 }
 
 #[test]
 fn metadata_only_change_keeps_generation() {
     let g = created();
     let mut req = request("edge", "ignored:9");
-    req.metadata
-        .as_mut()
-        .unwrap()
-        .labels
-        .insert("team".into(), "a".into());
-    let next = put(update(
-        &g,
-        &req,
-        &["metadata.labels".into()],
-        Role::Editor,
-        t(2),
-    ));
+    req.metadata.as_mut().unwrap().labels.insert("team".into(), "a".into());
+    let next = put(update(&g, &req, &["metadata.labels".into()], Role::Editor, t(2)));
     assert_eq!(next.metadata.as_ref().unwrap().generation, 1);
     assert_eq!(next.spec, g.spec, "a path not in the mask is not written");
 }
@@ -179,20 +111,10 @@ fn spec_field_path_changes_only_that_field() {
     g.spec.as_mut().unwrap().credential_driver = "vault".into();
     let mut req = request("edge", "gw:2");
     req.spec.as_mut().unwrap().replicas = Some(3);
-    let next = put(update(
-        &g,
-        &req,
-        &["spec.replicas".into()],
-        Role::Editor,
-        t(2),
-    ));
+    let next = put(update(&g, &req, &["spec.replicas".into()], Role::Editor, t(2)));
     let spec = next.spec.unwrap();
     assert_eq!(
-        (
-            spec.image.as_str(),
-            spec.replicas,
-            spec.credential_driver.as_str()
-        ),
+        (spec.image.as_str(), spec.replicas, spec.credential_driver.as_str()),
         ("gw:1", Some(3), "vault")
     );
 }
@@ -203,13 +125,7 @@ fn stale_resource_version_conflicts() {
     let mut req = request("edge", "gw:2");
     req.metadata.as_mut().unwrap().resource_version = 4;
     let err = update(&g, &req, &["spec".into()], Role::Editor, t(2)).unwrap_err();
-    assert_eq!(
-        err,
-        RuleError::Conflict {
-            given: 4,
-            current: 5
-        }
-    );
+    assert_eq!(err, RuleError::Conflict { given: 4, current: 5 });
     req.metadata.as_mut().unwrap().resource_version = 5;
     assert!(update(&g, &req, &["spec".into()], Role::Editor, t(2)).is_ok());
 }
@@ -217,40 +133,16 @@ fn stale_resource_version_conflicts() {
 #[test]
 fn status_rules() {
     let g = put(spec_update(&created(), "gw:2")); // generation 2
-    let err = update(
-        &g,
-        &status_write(1, vec![]),
-        &status_paths(),
-        Role::Editor,
-        t(3),
-    )
-    .unwrap_err();
+    let err =
+        update(&g, &status_write(1, vec![]), &status_paths(), Role::Editor, t(3)).unwrap_err();
     assert!(matches!(err, RuleError::PermissionDenied { .. }));
-    let err = update(
-        &g,
-        &status_write(3, vec![]),
-        &status_paths(),
-        Role::Reconciler,
-        t(3),
-    )
-    .unwrap_err();
+    let err =
+        update(&g, &status_write(3, vec![]), &status_paths(), Role::Reconciler, t(3)).unwrap_err();
     assert!(matches!(err, RuleError::FailedPrecondition { .. }));
-    let g = put(update(
-        &g,
-        &status_write(2, vec![]),
-        &status_paths(),
-        Role::Reconciler,
-        t(3),
-    ));
+    let g = put(update(&g, &status_write(2, vec![]), &status_paths(), Role::Reconciler, t(3)));
     assert_eq!(g.status.as_ref().unwrap().observed_generation, 2);
-    let err = update(
-        &g,
-        &status_write(1, vec![]),
-        &status_paths(),
-        Role::Reconciler,
-        t(3),
-    )
-    .unwrap_err();
+    let err =
+        update(&g, &status_write(1, vec![]), &status_paths(), Role::Reconciler, t(3)).unwrap_err();
     assert!(matches!(err, RuleError::FailedPrecondition { .. }));
 }
 
@@ -261,31 +153,16 @@ fn deletion_waits_for_finalizers() {
     let deleting = put(delete(&g, 0, Role::Editor, t(5)));
     assert!(deleting.metadata.as_ref().unwrap().delete_time.is_some());
     assert_eq!(deleting.status.as_ref().unwrap().phase(), Phase::Deleting);
-    assert!(matches!(
-        delete(&deleting, 0, Role::Editor, t(6)).unwrap(),
-        Write::Unchanged(_)
-    ));
-    assert!(
-        spec_update(&deleting, "gw:2").is_err(),
-        "no spec change while deleting"
-    );
+    assert!(matches!(delete(&deleting, 0, Role::Editor, t(6)).unwrap(), Write::Unchanged(_)));
+    assert!(spec_update(&deleting, "gw:2").is_err(), "no spec change while deleting");
 
     let mut release = status_write(0, vec![]);
     release.metadata.as_mut().unwrap().finalizers.clear();
-    let w = update(
-        &deleting,
-        &release,
-        &["metadata.finalizers".into()],
-        Role::Reconciler,
-        t(7),
-    )
-    .unwrap();
+    let w = update(&deleting, &release, &["metadata.finalizers".into()], Role::Reconciler, t(7))
+        .unwrap();
     assert!(matches!(w, Write::Remove(_)));
 
-    assert!(matches!(
-        delete(&created(), 0, Role::Editor, t(5)).unwrap(),
-        Write::Remove(_)
-    ));
+    assert!(matches!(delete(&created(), 0, Role::Editor, t(5)).unwrap(), Write::Remove(_)));
     assert!(matches!(
         delete(&created(), 4, Role::Editor, t(5)).unwrap_err(),
         RuleError::Conflict { .. }
@@ -306,10 +183,7 @@ fn arb_spec() -> impl Strategy<Value = GatewaySpec> {
     (
         prop_oneof![Just("gw:1"), Just("gw:2")],
         proptest::option::of(0..3i32),
-        proptest::collection::vec(
-            prop_oneof![Just("a.example.com"), Just("b.example.com")],
-            0..4,
-        ),
+        proptest::collection::vec(prop_oneof![Just("a.example.com"), Just("b.example.com")], 0..4),
         proptest::collection::btree_map(
             prop_oneof![Just("k1"), Just("k2")],
             prop_oneof![Just("x"), Just("y")],
@@ -320,10 +194,7 @@ fn arb_spec() -> impl Strategy<Value = GatewaySpec> {
             image: image.into(),
             replicas,
             server_dns_names: names.into_iter().map(String::from).collect(),
-            config: config
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            config: config.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             ..Default::default()
         })
 }

@@ -30,9 +30,7 @@ pub struct PendingWrite {
 
 impl std::fmt::Debug for PendingWrite {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PendingWrite")
-            .field("name", &self.name)
-            .finish_non_exhaustive()
+        f.debug_struct("PendingWrite").field("name", &self.name).finish_non_exhaustive()
     }
 }
 
@@ -49,10 +47,7 @@ pub struct Event {
 
 impl Event {
     pub fn name(&self) -> &str {
-        self.gateway
-            .metadata
-            .as_ref()
-            .map_or("", |m| m.name.as_str())
+        self.gateway.metadata.as_ref().map_or("", |m| m.name.as_str())
     }
 
     pub fn labels(&self) -> Option<&BTreeMap<String, String>> {
@@ -154,19 +149,13 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
 
 /// Decodes a stored object.
 pub(crate) fn decode(name: &str, bytes: &[u8]) -> Result<Gateway, StorageError> {
-    Gateway::decode(bytes).map_err(|e| StorageError::Corrupt {
-        name: name.to_string(),
-        reason: e.to_string(),
-    })
+    Gateway::decode(bytes)
+        .map_err(|e| StorageError::Corrupt { name: name.to_string(), reason: e.to_string() })
 }
 
 /// Encodes labels for the `prev_labels` column.
 pub(crate) fn encode_labels(labels: &BTreeMap<String, String>) -> Vec<u8> {
-    ObjectMeta {
-        labels: labels.clone(),
-        ..Default::default()
-    }
-    .encode_to_vec()
+    ObjectMeta { labels: labels.clone(), ..Default::default() }.encode_to_vec()
 }
 
 /// Decodes an event row.
@@ -177,24 +166,14 @@ pub(crate) fn decode_event(
     object: &[u8],
     prev_labels: Option<&[u8]>,
 ) -> Result<Arc<Event>, StorageError> {
-    let corrupt = |reason: String| StorageError::Corrupt {
-        name: name.to_string(),
-        reason,
-    };
+    let corrupt = |reason: String| StorageError::Corrupt { name: name.to_string(), reason };
     let kind = EventType::try_from(kind).map_err(|e| corrupt(e.to_string()))?;
     let prev_labels = prev_labels
         .map(|bytes| {
-            ObjectMeta::decode(bytes)
-                .map(|m| m.labels)
-                .map_err(|e| corrupt(e.to_string()))
+            ObjectMeta::decode(bytes).map(|m| m.labels).map_err(|e| corrupt(e.to_string()))
         })
         .transpose()?;
-    Ok(Arc::new(Event {
-        revision,
-        kind,
-        gateway: Arc::new(decode(name, object)?),
-        prev_labels,
-    }))
+    Ok(Arc::new(Event { revision, kind, gateway: Arc::new(decode(name, object)?), prev_labels }))
 }
 
 /// SQL shared by both backends (`$N` placeholders work on SQLite too).
@@ -242,41 +221,27 @@ macro_rules! write_one {
                 decode, encode_labels, now_ms, sql, Committed, Event, StorageError,
             };
             let name: &str = $name;
-            let row: Option<(Vec<u8>,)> = sqlx::query_as($select)
-                .bind(name)
-                .fetch_optional(&mut *$tx)
-                .await?;
+            let row: Option<(Vec<u8>,)> =
+                sqlx::query_as($select).bind(name).fetch_optional(&mut *$tx).await?;
             let current = row.map(|(bytes,)| decode(name, &bytes)).transpose()?;
             let existed = current.is_some();
-            let prev_labels = current
-                .as_ref()
-                .and_then(|g| g.metadata.as_ref())
-                .map(|m| m.labels.clone());
+            let prev_labels =
+                current.as_ref().and_then(|g| g.metadata.as_ref()).map(|m| m.labels.clone());
             let (mut gateway, kind) = match ($mutation)(current.as_ref())? {
                 gantry_core::Write::Unchanged(gateway) => {
-                    return Ok(Committed {
-                        gateway,
-                        event: None,
-                    })
+                    return Ok(Committed { gateway, event: None })
                 }
                 gantry_core::Write::Put(g) if existed => (g, EventType::Modified),
                 gantry_core::Write::Put(g) => (g, EventType::Added),
                 gantry_core::Write::Remove(g) => (g, EventType::Deleted),
             };
-            let (revision,): (i64,) = sqlx::query_as(sql::NEXT_REVISION)
-                .fetch_one(&mut *$tx)
-                .await?;
-            gateway
-                .metadata
-                .get_or_insert_with(Default::default)
-                .resource_version = revision;
+            let (revision,): (i64,) =
+                sqlx::query_as(sql::NEXT_REVISION).fetch_one(&mut *$tx).await?;
+            gateway.metadata.get_or_insert_with(Default::default).resource_version = revision;
             let bytes = gateway.encode_to_vec();
             let meta = gateway.metadata.clone().unwrap_or_default();
             if kind == EventType::Deleted {
-                sqlx::query(sql::DELETE)
-                    .bind(name)
-                    .execute(&mut *$tx)
-                    .await?;
+                sqlx::query(sql::DELETE).bind(name).execute(&mut *$tx).await?;
             } else {
                 let statement = if existed { sql::UPDATE } else { sql::INSERT };
                 let result = sqlx::query(statement)
@@ -309,16 +274,9 @@ macro_rules! write_one {
                 .bind(prev_labels.as_ref().map(encode_labels))
                 .execute(&mut *$tx)
                 .await?;
-            let event = Arc::new(Event {
-                revision,
-                kind,
-                gateway: Arc::new(gateway.clone()),
-                prev_labels,
-            });
-            Ok::<Committed, StorageError>(Committed {
-                gateway,
-                event: Some(event),
-            })
+            let event =
+                Arc::new(Event { revision, kind, gateway: Arc::new(gateway.clone()), prev_labels });
+            Ok::<Committed, StorageError>(Committed { gateway, event: Some(event) })
         }
         .await
     };
@@ -356,10 +314,7 @@ pub(crate) use {write_batch, write_one};
 
 /// The newest revision among committed results, if any changed.
 pub(crate) fn last_revision(results: &[Result<Committed, StorageError>]) -> Option<i64> {
-    results
-        .iter()
-        .filter_map(|r| r.as_ref().ok()?.event.as_ref().map(|e| e.revision))
-        .max()
+    results.iter().filter_map(|r| r.as_ref().ok()?.event.as_ref().map(|e| e.revision)).max()
 }
 
 /// Milliseconds since the Unix epoch, for event rows.
@@ -373,18 +328,15 @@ pub(crate) fn now_ms() -> i64 {
 macro_rules! list_in {
     ($tx:ident, $after:expr, $limit:expr) => {{
         use $crate::storage::{decode, sql, Snapshot};
-        let (revision,): (i64,) = sqlx::query_as(sql::CURRENT_REVISION)
-            .fetch_one(&mut *$tx)
-            .await?;
+        let (revision,): (i64,) =
+            sqlx::query_as(sql::CURRENT_REVISION).fetch_one(&mut *$tx).await?;
         let rows: Vec<(String, Vec<u8>)> = sqlx::query_as(sql::LIST)
             .bind($after)
             .bind(i64::try_from($limit).unwrap_or(i64::MAX))
             .fetch_all(&mut *$tx)
             .await?;
-        let gateways = rows
-            .iter()
-            .map(|(name, bytes)| decode(name, bytes))
-            .collect::<Result<_, _>>()?;
+        let gateways =
+            rows.iter().map(|(name, bytes)| decode(name, bytes)).collect::<Result<_, _>>()?;
         Snapshot { gateways, revision }
     }};
 }
@@ -395,14 +347,10 @@ macro_rules! events_after_in {
     ($tx:ident, $after:expr, $limit:expr) => {{
         use $crate::storage::{decode_event, sql, StorageError};
         let after: i64 = $after;
-        let (compacted,): (i64,) = sqlx::query_as(sql::COMPACTED_REVISION)
-            .fetch_one(&mut *$tx)
-            .await?;
+        let (compacted,): (i64,) =
+            sqlx::query_as(sql::COMPACTED_REVISION).fetch_one(&mut *$tx).await?;
         if after < compacted {
-            return Err(StorageError::Compacted {
-                requested: after,
-                compacted,
-            });
+            return Err(StorageError::Compacted { requested: after, compacted });
         }
         let rows: Vec<(i64, i32, String, Vec<u8>, Option<Vec<u8>>)> =
             sqlx::query_as(sql::EVENTS_AFTER)
@@ -424,9 +372,7 @@ macro_rules! compact_in {
     ($tx:ident, $retention:expr) => {{
         use $crate::storage::{now_ms, sql};
         let retention: $crate::storage::Retention = $retention;
-        let (head,): (i64,) = sqlx::query_as(sql::CURRENT_REVISION)
-            .fetch_one(&mut *$tx)
-            .await?;
+        let (head,): (i64,) = sqlx::query_as(sql::CURRENT_REVISION).fetch_one(&mut *$tx).await?;
         let (target,): (i64,) = sqlx::query_as(sql::COMPACTION_TARGET)
             .bind(head)
             .bind(now_ms() - retention.max_age_ms)
@@ -434,18 +380,11 @@ macro_rules! compact_in {
             .fetch_one(&mut *$tx)
             .await?;
         if target > 0 {
-            sqlx::query(sql::DELETE_EVENTS)
-                .bind(target)
-                .execute(&mut *$tx)
-                .await?;
-            sqlx::query(sql::SET_COMPACTED)
-                .bind(target)
-                .execute(&mut *$tx)
-                .await?;
+            sqlx::query(sql::DELETE_EVENTS).bind(target).execute(&mut *$tx).await?;
+            sqlx::query(sql::SET_COMPACTED).bind(target).execute(&mut *$tx).await?;
         }
-        let (compacted,): (i64,) = sqlx::query_as(sql::COMPACTED_REVISION)
-            .fetch_one(&mut *$tx)
-            .await?;
+        let (compacted,): (i64,) =
+            sqlx::query_as(sql::COMPACTED_REVISION).fetch_one(&mut *$tx).await?;
         compacted
     }};
 }

@@ -48,18 +48,14 @@ impl PostgresStorage {
 #[tonic::async_trait]
 impl Storage for PostgresStorage {
     async fn get(&self, name: &str) -> Result<Option<Gateway>, StorageError> {
-        let row: Option<(Vec<u8>,)> = sqlx::query_as(sql::SELECT_OBJECT)
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row: Option<(Vec<u8>,)> =
+            sqlx::query_as(sql::SELECT_OBJECT).bind(name).fetch_optional(&self.pool).await?;
         row.map(|(bytes,)| decode(name, &bytes)).transpose()
     }
 
     async fn list(&self, after: &str, limit: usize) -> Result<Snapshot, StorageError> {
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            .await?;
+        let mut tx =
+            self.pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await?;
         let snapshot = list_in!(tx, after, limit);
         tx.commit().await?;
         Ok(snapshot)
@@ -87,19 +83,16 @@ impl Storage for PostgresStorage {
         after: i64,
         limit: usize,
     ) -> Result<Vec<Arc<Event>>, StorageError> {
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            .await?;
+        let mut tx =
+            self.pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await?;
         let events = events_after_in!(tx, after, limit);
         tx.commit().await?;
         Ok(events)
     }
 
     async fn current_revision(&self) -> Result<i64, StorageError> {
-        let (revision,): (i64,) = sqlx::query_as(sql::CURRENT_REVISION)
-            .fetch_one(&self.pool)
-            .await?;
+        let (revision,): (i64,) =
+            sqlx::query_as(sql::CURRENT_REVISION).fetch_one(&self.pool).await?;
         Ok(revision)
     }
 

@@ -52,10 +52,8 @@ impl SqliteStorage {
 #[tonic::async_trait]
 impl Storage for SqliteStorage {
     async fn get(&self, name: &str) -> Result<Option<Gateway>, StorageError> {
-        let row: Option<(Vec<u8>,)> = sqlx::query_as(sql::SELECT_OBJECT)
-            .bind(name)
-            .fetch_optional(&self.readers)
-            .await?;
+        let row: Option<(Vec<u8>,)> =
+            sqlx::query_as(sql::SELECT_OBJECT).bind(name).fetch_optional(&self.readers).await?;
         row.map(|(bytes,)| decode(name, &bytes)).transpose()
     }
 
@@ -92,9 +90,8 @@ impl Storage for SqliteStorage {
     }
 
     async fn current_revision(&self) -> Result<i64, StorageError> {
-        let (revision,): (i64,) = sqlx::query_as(sql::CURRENT_REVISION)
-            .fetch_one(&self.readers)
-            .await?;
+        let (revision,): (i64,) =
+            sqlx::query_as(sql::CURRENT_REVISION).fetch_one(&self.readers).await?;
         Ok(revision)
     }
 

@@ -66,10 +66,7 @@ impl TestDatabase {
                 let dir = std::env::temp_dir().join(format!("gantry-test-{id}"));
                 std::fs::create_dir_all(&dir).unwrap();
                 let url = format!("sqlite://{}", dir.join("gantry.db").display());
-                Some(TestDatabase {
-                    url,
-                    cleanup: Cleanup::Directory(dir),
-                })
+                Some(TestDatabase { url, cleanup: Cleanup::Directory(dir) })
             }
             Backend::Postgres => {
                 let admin_url = postgres_admin_url();
@@ -92,18 +89,10 @@ impl TestDatabase {
                     }
                 };
                 let name = format!("gantry_test_{id}");
-                sqlx::query(&format!("CREATE DATABASE {name}"))
-                    .execute(&mut admin)
-                    .await
-                    .unwrap();
-                let base = admin_url
-                    .rsplit_once('/')
-                    .map_or(admin_url.as_str(), |(b, _)| b);
+                sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut admin).await.unwrap();
+                let base = admin_url.rsplit_once('/').map_or(admin_url.as_str(), |(b, _)| b);
                 let url = format!("{base}/{name}");
-                Some(TestDatabase {
-                    url,
-                    cleanup: Cleanup::Postgres { admin_url, name },
-                })
+                Some(TestDatabase { url, cleanup: Cleanup::Postgres { admin_url, name } })
             }
         }
     }
@@ -120,10 +109,8 @@ impl Drop for TestDatabase {
                 // Drop runs outside async context (and during panics): use a
                 // short-lived runtime on its own thread.
                 let _ = std::thread::spawn(move || {
-                    let rt = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .unwrap();
+                    let rt =
+                        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
                     rt.block_on(async {
                         if let Ok(mut admin) = sqlx::PgConnection::connect(&admin_url).await {
                             let _ = sqlx::query(&format!(
@@ -173,12 +160,8 @@ impl TestStore {
     ) -> TestStore {
         let storage = gantry_store::open_storage(&database.url).await.unwrap();
         let auth = Authenticator::parse_tokens_file(TOKENS_FILE).unwrap();
-        let settings = Settings {
-            storage: storage.clone(),
-            auth: Arc::new(auth),
-            tls: None,
-            watch,
-        };
+        let settings =
+            Settings { storage: storage.clone(), auth: Arc::new(auth), tls: None, watch };
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (grpc_addr, http_addr) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());
@@ -202,11 +185,7 @@ impl TestStore {
     }
 
     pub async fn channel(&self) -> Channel {
-        Channel::from_shared(format!("http://{}", self.grpc))
-            .unwrap()
-            .connect()
-            .await
-            .unwrap()
+        Channel::from_shared(format!("http://{}", self.grpc)).unwrap().connect().await.unwrap()
     }
 
     /// A client that sends `token` (or none when empty).
@@ -219,24 +198,12 @@ impl TestStore {
         let sql = "SELECT generation, observed_generation FROM gateways WHERE name = $1";
         match self.backend {
             Backend::Sqlite => {
-                let mut c = sqlx::SqliteConnection::connect(&self.database.url)
-                    .await
-                    .unwrap();
-                sqlx::query_as(sql)
-                    .bind(name)
-                    .fetch_optional(&mut c)
-                    .await
-                    .unwrap()
+                let mut c = sqlx::SqliteConnection::connect(&self.database.url).await.unwrap();
+                sqlx::query_as(sql).bind(name).fetch_optional(&mut c).await.unwrap()
             }
             Backend::Postgres => {
-                let mut c = sqlx::PgConnection::connect(&self.database.url)
-                    .await
-                    .unwrap();
-                sqlx::query_as(sql)
-                    .bind(name)
-                    .fetch_optional(&mut c)
-                    .await
-                    .unwrap()
+                let mut c = sqlx::PgConnection::connect(&self.database.url).await.unwrap();
+                sqlx::query_as(sql).bind(name).fetch_optional(&mut c).await.unwrap()
             }
         }
     }
@@ -246,15 +213,11 @@ impl TestStore {
         let sql = "SELECT revision FROM gateway_events ORDER BY revision";
         let rows: Vec<(i64,)> = match self.backend {
             Backend::Sqlite => {
-                let mut c = sqlx::SqliteConnection::connect(&self.database.url)
-                    .await
-                    .unwrap();
+                let mut c = sqlx::SqliteConnection::connect(&self.database.url).await.unwrap();
                 sqlx::query_as(sql).fetch_all(&mut c).await.unwrap()
             }
             Backend::Postgres => {
-                let mut c = sqlx::PgConnection::connect(&self.database.url)
-                    .await
-                    .unwrap();
+                let mut c = sqlx::PgConnection::connect(&self.database.url).await.unwrap();
                 sqlx::query_as(sql).fetch_all(&mut c).await.unwrap()
             }
         };
@@ -284,10 +247,7 @@ impl Drop for TestStore {
 
 /// Watch settings for tests: short bookmark interval, default elsewhere.
 pub fn test_watch_settings() -> WatchSettings {
-    WatchSettings {
-        bookmark_interval: Duration::from_millis(200),
-        ..WatchSettings::default()
-    }
+    WatchSettings { bookmark_interval: Duration::from_millis(200), ..WatchSettings::default() }
 }
 
 /// Adds `authorization: Bearer T`.
@@ -297,10 +257,9 @@ pub struct Bearer(pub String);
 impl tonic::service::Interceptor for Bearer {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         if !self.0.is_empty() {
-            request.metadata_mut().insert(
-                "authorization",
-                format!("Bearer {}", self.0).parse().unwrap(),
-            );
+            request
+                .metadata_mut()
+                .insert("authorization", format!("Bearer {}", self.0).parse().unwrap());
         }
         Ok(request)
     }
@@ -311,24 +270,14 @@ pub type Client = GatewayServiceClient<InterceptedService<Channel, Bearer>>;
 /// A Gateway with a name and an image.
 pub fn gateway(name: &str, image: &str) -> Gateway {
     Gateway {
-        metadata: Some(ObjectMeta {
-            name: name.into(),
-            ..Default::default()
-        }),
-        spec: Some(GatewaySpec {
-            image: image.into(),
-            ..Default::default()
-        }),
+        metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
+        spec: Some(GatewaySpec { image: image.into(), ..Default::default() }),
         status: None,
     }
 }
 
 pub async fn create(client: &mut Client, g: Gateway) -> Gateway {
-    client
-        .create_gateway(CreateGatewayRequest { gateway: Some(g) })
-        .await
-        .unwrap()
-        .into_inner()
+    client.create_gateway(CreateGatewayRequest { gateway: Some(g) }).await.unwrap().into_inner()
 }
 
 pub fn meta(g: &Gateway) -> &ObjectMeta {

@@ -1,0 +1,218 @@
+//! List-then-watch with resume: the loop every subscriber of the store
+//! runs. It yields a [`WatchUpdate::Reset`] with the full selected set
+//! after every (re)list, then changes in revision order. After a
+//! disconnect it resumes from the last revision it saw; when that revision
+//! was compacted (OUT_OF_RANGE) it relists. Between attempts it backs off
+//! with jitter; it never spins.
+
+use gantry_api::v1::{EventType, Gateway, ListGatewaysRequest, WatchGatewaysRequest};
+use gantry_core::retry::Backoff;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
+use tonic::{Code, Status};
+
+use crate::GatewayClient;
+
+/// One step of the watched set.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WatchUpdate {
+    /// The complete selected set at `revision`: replace any cached state.
+    Reset { gateways: Vec<Gateway>, revision: i64 },
+    /// A gateway was added or changed (or entered the selection).
+    Applied { gateway: Gateway, revision: i64 },
+    /// A gateway was removed (or left the selection); its last state.
+    Deleted { gateway: Gateway, revision: i64 },
+    /// Every change up to `revision` has been delivered.
+    Bookmark { revision: i64 },
+}
+
+impl WatchUpdate {
+    /// The revision this update brings the subscriber to.
+    pub fn revision(&self) -> i64 {
+        match self {
+            WatchUpdate::Reset { revision, .. }
+            | WatchUpdate::Applied { revision, .. }
+            | WatchUpdate::Deleted { revision, .. }
+            | WatchUpdate::Bookmark { revision } => *revision,
+        }
+    }
+}
+
+/// What to watch and how patiently.
+#[derive(Debug, Clone)]
+pub struct WatchOptions {
+    pub label_selector: String,
+    /// Only this gateway, when set.
+    pub name: Option<String>,
+    /// Backoff between failed attempts.
+    pub backoff: Backoff,
+    /// Updates buffered for a slow consumer before the loop stops reading
+    /// (the store then ends the watch, and the loop resumes later).
+    pub buffer: usize,
+    /// Page size of the lists.
+    pub page_size: i32,
+}
+
+impl Default for WatchOptions {
+    fn default() -> Self {
+        Self {
+            label_selector: String::new(),
+            name: None,
+            backoff: Backoff::default(),
+            buffer: 256,
+            page_size: 500,
+        }
+    }
+}
+
+/// Errors that retrying cannot fix: the caller must change something.
+fn is_permanent(code: Code) -> bool {
+    matches!(
+        code,
+        Code::Unauthenticated
+            | Code::PermissionDenied
+            | Code::InvalidArgument
+            | Code::Unimplemented
+    )
+}
+
+/// Starts the loop. The stream ends after a permanent error (yielded as
+/// `Err`) or when dropped.
+pub fn list_then_watch(
+    client: GatewayClient,
+    options: WatchOptions,
+) -> ReceiverStream<Result<WatchUpdate, Status>> {
+    let (tx, rx) = mpsc::channel(options.buffer.max(1));
+    tokio::spawn(async move {
+        if let Err(status) = run(client, options, &tx).await {
+            let _ = tx.send(Err(status)).await;
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// Why the loop stopped: the consumer left, or a permanent error.
+enum Stop {
+    Closed,
+    Permanent(Status),
+}
+
+impl From<Status> for Stop {
+    fn from(status: Status) -> Self {
+        Stop::Permanent(status)
+    }
+}
+
+async fn run(
+    mut client: GatewayClient,
+    options: WatchOptions,
+    tx: &mpsc::Sender<Result<WatchUpdate, Status>>,
+) -> Result<(), Status> {
+    let mut revision: Option<i64> = None;
+    let mut failures: u32 = 0;
+    loop {
+        let attempt = async {
+            let from = match revision {
+                Some(r) => r,
+                None => {
+                    let (gateways, listed) = list(&mut client, &options).await?;
+                    send(tx, WatchUpdate::Reset { gateways, revision: listed }).await?;
+                    revision = Some(listed);
+                    listed
+                }
+            };
+            watch(&mut client, &options, from, tx, &mut revision, &mut failures).await
+        };
+        let status = match attempt.await {
+            Ok(()) => Status::unavailable("the watch stream ended"),
+            Err(Stop::Closed) => return Ok(()),
+            Err(Stop::Permanent(status)) if is_permanent(status.code()) => return Err(status),
+            Err(Stop::Permanent(status)) => status,
+        };
+        if status.code() == Code::OutOfRange {
+            tracing::info!(revision, "watch revision compacted; relisting");
+            revision = None;
+            continue;
+        }
+        let delay = options.backoff.delay(failures, fastrand::f64());
+        failures = failures.saturating_add(1);
+        tracing::debug!(code = ?status.code(), message = status.message(), retry_in = ?delay, "watch interrupted; resuming");
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = tx.closed() => return Ok(()),
+        }
+    }
+}
+
+async fn send(
+    tx: &mpsc::Sender<Result<WatchUpdate, Status>>,
+    update: WatchUpdate,
+) -> Result<(), Stop> {
+    tx.send(Ok(update)).await.map_err(|_| Stop::Closed)
+}
+
+async fn list(
+    client: &mut GatewayClient,
+    options: &WatchOptions,
+) -> Result<(Vec<Gateway>, i64), Status> {
+    let (mut gateways, mut token, mut revision) = (Vec::new(), String::new(), 0);
+    loop {
+        let page = client
+            .list_gateways(ListGatewaysRequest {
+                page_size: options.page_size,
+                page_token: token,
+                label_selector: options.label_selector.clone(),
+            })
+            .await?
+            .into_inner();
+        if revision == 0 {
+            revision = page.resource_version;
+        }
+        let wanted = |g: &Gateway| {
+            options.name.as_deref().is_none_or(|n| g.metadata.as_ref().is_some_and(|m| m.name == n))
+        };
+        gateways.extend(page.gateways.into_iter().filter(wanted));
+        if page.next_page_token.is_empty() {
+            return Ok((gateways, revision));
+        }
+        token = page.next_page_token;
+    }
+}
+
+async fn watch(
+    client: &mut GatewayClient,
+    options: &WatchOptions,
+    from: i64,
+    tx: &mpsc::Sender<Result<WatchUpdate, Status>>,
+    revision: &mut Option<i64>,
+    failures: &mut u32,
+) -> Result<(), Stop> {
+    let request = WatchGatewaysRequest {
+        resource_version: from,
+        send_initial_events: false,
+        allow_bookmarks: true,
+        label_selector: options.label_selector.clone(),
+        name: options.name.clone().unwrap_or_default(),
+    };
+    let mut stream = client.watch_gateways(request).await?.into_inner();
+    while let Some(event) = stream.next().await {
+        let event = event?;
+        *failures = 0;
+        let at = event.resource_version;
+        let update = match (event.r#type(), event.gateway) {
+            (EventType::Added | EventType::Modified, Some(gateway)) => {
+                WatchUpdate::Applied { gateway, revision: at }
+            }
+            (EventType::Deleted, Some(gateway)) => WatchUpdate::Deleted { gateway, revision: at },
+            (EventType::Bookmark, _) => WatchUpdate::Bookmark { revision: at },
+            (kind, _) => {
+                tracing::warn!(?kind, revision = at, "skipping a malformed watch event");
+                continue;
+            }
+        };
+        send(tx, update).await?;
+        *revision = Some(at);
+    }
+    Ok(())
+}
