@@ -42,18 +42,32 @@ pub async fn run_tailer(
             }
         })
     };
+    let mut failures: u32 = 0;
     loop {
         tokio::select! {
             () = stopped(stop.clone()) => break,
             () = wake.notified() => {}
             () = tokio::time::sleep(poll) => {}
         }
-        catch_up(storage.as_ref(), &hub).await;
+        if catch_up(storage.as_ref(), &hub).await {
+            failures = 0;
+        } else {
+            // Do not hammer a failing database: back off before the next
+            // attempt, however often the tailer is woken meanwhile.
+            let delay = gantry_core::retry::Backoff::default().delay(failures, fastrand::f64());
+            failures = failures.saturating_add(1);
+            tokio::select! {
+                () = stopped(stop.clone()) => break,
+                () = tokio::time::sleep(delay) => {}
+            }
+        }
     }
     listener.abort();
 }
 
-async fn catch_up(storage: &dyn Storage, hub: &WatchHub) {
+/// Publishes every event after the hub's head; `false` when the events
+/// table could not be read.
+async fn catch_up(storage: &dyn Storage, hub: &WatchHub) -> bool {
     loop {
         let head = hub.head();
         match storage.events_after(head, TAIL_PAGE).await {
@@ -61,7 +75,7 @@ async fn catch_up(storage: &dyn Storage, hub: &WatchHub) {
                 let full = events.len() == TAIL_PAGE;
                 hub.publish(events);
                 if !full {
-                    return;
+                    return true;
                 }
             }
             Err(StorageError::Compacted { compacted, .. }) => {
@@ -77,11 +91,11 @@ async fn catch_up(storage: &dyn Storage, hub: &WatchHub) {
                     Ok(current) => hub.reset(current),
                     Err(e) => tracing::warn!(error = %e, "cannot read the current revision"),
                 }
-                return;
+                return true;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the events table");
-                return;
+                return false;
             }
         }
     }

@@ -11,3 +11,6 @@ CREATE TABLE store_compaction (
 INSERT INTO store_compaction (id, revision) VALUES (1, 1);
 
 CREATE INDEX gateway_events_created_at ON gateway_events (created_at_ms);
+
+-- Event types are read as INTEGER by both backends.
+ALTER TABLE gateway_events ALTER COLUMN event_type TYPE INTEGER;

@@ -144,6 +144,10 @@ impl TestStore {
     }
 
     pub async fn start_with(backend: Backend, watch: WatchSettings) -> Option<TestStore> {
+        // Logs when RUST_LOG is set, e.g. RUST_LOG=gantry_store=debug.
+        if std::env::var_os("RUST_LOG").is_some() {
+            let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+        }
         let database = Arc::new(TestDatabase::create(backend).await?);
         Some(Self::serve_on(database, backend, watch).await)
     }

@@ -1,0 +1,626 @@
+//! WatchGateways over real sockets on SQLite and PostgreSQL: every change
+//! exactly once, in order, across disconnects, replicas and compaction.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::*;
+use gantry_api::v1::{
+    DeleteGatewayRequest, EventType, Gateway, ListGatewaysRequest, UpdateGatewayRequest,
+    WatchEvent, WatchGatewaysRequest,
+};
+use gantry_client::watch::{list_then_watch, WatchOptions, WatchUpdate};
+use gantry_store::storage::Retention;
+use gantry_store::WatchSettings;
+use prost_types::FieldMask;
+use tokio_stream::StreamExt;
+use tonic::{Code, Status, Streaming};
+use tonic_types::StatusExt;
+
+/// Longest any single wait in these tests may take before it is a failure.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+async fn set_image(c: &mut Client, name: &str, image: &str) -> Gateway {
+    let g = gateway(name, image);
+    let mask = Some(FieldMask { paths: vec!["spec".into()] });
+    c.update_gateway(UpdateGatewayRequest { gateway: Some(g), update_mask: mask })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+async fn set_labels(c: &mut Client, name: &str, labels: &[(&str, &str)]) -> Gateway {
+    let mut g = gateway(name, "");
+    g.metadata.as_mut().unwrap().labels =
+        labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let mask = Some(FieldMask { paths: vec!["metadata.labels".into()] });
+    c.update_gateway(UpdateGatewayRequest { gateway: Some(g), update_mask: mask })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+async fn listed_revision(c: &mut Client) -> i64 {
+    c.list_gateways(ListGatewaysRequest::default()).await.unwrap().into_inner().resource_version
+}
+
+async fn watch(c: &mut Client, request: WatchGatewaysRequest) -> Streaming<WatchEvent> {
+    c.watch_gateways(request).await.unwrap().into_inner()
+}
+
+fn from(revision: i64) -> WatchGatewaysRequest {
+    WatchGatewaysRequest { resource_version: revision, ..Default::default() }
+}
+
+async fn next_event(stream: &mut Streaming<WatchEvent>) -> Result<WatchEvent, Status> {
+    tokio::time::timeout(PATIENCE, stream.next())
+        .await
+        .expect("an event within the patience")
+        .expect("stream open")
+}
+
+/// A compact, comparable record of an event.
+type Seen = (i64, EventType, String, i64);
+
+fn seen(e: &WatchEvent) -> Seen {
+    let meta = e.gateway.as_ref().and_then(|g| g.metadata.as_ref());
+    (
+        e.resource_version,
+        e.r#type(),
+        meta.map(|m| m.name.clone()).unwrap_or_default(),
+        meta.map_or(0, |m| m.generation),
+    )
+}
+
+/// Reads change events (bookmarks skipped) until one at or after `until`.
+async fn collect_until(stream: &mut Streaming<WatchEvent>, until: i64, out: &mut Vec<Seen>) {
+    while out.last().is_none_or(|s| s.0 < until) {
+        let e = next_event(stream).await.unwrap();
+        if e.r#type() != EventType::Bookmark {
+            out.push(seen(&e));
+        }
+    }
+}
+
+fn assert_strictly_increasing(events: &[Seen]) {
+    assert!(events.windows(2).all(|w| w[0].0 < w[1].0), "revisions not strictly increasing");
+}
+
+async fn every_subscriber_gets_every_change_exactly_once(store: &TestStore) {
+    const WRITERS: usize = 8;
+    const CHANGES: usize = 200;
+    const SUBSCRIBERS: usize = 20;
+    let mut c = store.client(ADMIN).await;
+    for w in 0..WRITERS {
+        create(&mut c, gateway(&format!("gw-{w}"), "gw:0")).await;
+    }
+    let start = listed_revision(&mut c).await;
+    let (target_tx, target_rx) = tokio::sync::watch::channel(i64::MAX);
+
+    let mut subscribers = Vec::new();
+    for _ in 0..SUBSCRIBERS {
+        let mut client = store.client(VIEWER).await;
+        let mut target = target_rx.clone();
+        subscribers.push(tokio::spawn(async move {
+            let mut stream = watch(&mut client, from(start)).await;
+            let mut out: Vec<Seen> = Vec::new();
+            loop {
+                if out.last().is_some_and(|s| s.0 >= *target.borrow()) {
+                    return out;
+                }
+                tokio::select! {
+                    e = next_event(&mut stream) => out.push(seen(&e.unwrap())),
+                    _ = target.changed() => {}
+                }
+            }
+        }));
+    }
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let mut client = store.client(EDITOR).await;
+        writers.push(tokio::spawn(async move {
+            let mut acked = Vec::new();
+            for i in 1..=CHANGES {
+                let g = set_image(&mut client, &format!("gw-{w}"), &format!("gw:{i}")).await;
+                acked.push(meta(&g).resource_version);
+            }
+            acked
+        }));
+    }
+    let mut acked = Vec::new();
+    for w in writers {
+        acked.extend(w.await.unwrap());
+    }
+    acked.sort_unstable();
+    assert_eq!(acked.len(), WRITERS * CHANGES);
+    target_tx.send(*acked.last().unwrap()).unwrap();
+
+    let table: Vec<i64> =
+        store.event_revisions().await.into_iter().filter(|r| *r > start).collect();
+    assert!(table.windows(2).all(|w| w[1] == w[0] + 1), "the events table has no gaps");
+    assert_eq!(table, acked, "every acknowledged change is one event");
+    for s in subscribers {
+        let events = s.await.unwrap();
+        let revisions: Vec<i64> = events.iter().map(|e| e.0).collect();
+        assert_eq!(revisions, table, "a subscriber saw every change exactly once, in order");
+        assert!(events.iter().all(|e| e.1 == EventType::Modified));
+    }
+}
+
+async fn resumed_subscribers_match_an_uninterrupted_one(store: &TestStore) {
+    const CHANGES: usize = 300;
+    let mut c = store.client(ADMIN).await;
+    for name in ["a", "b", "c"] {
+        create(&mut c, gateway(name, "gw:0")).await;
+    }
+    let start = listed_revision(&mut c).await;
+    let writer = {
+        let mut c = store.client(EDITOR).await;
+        tokio::spawn(async move {
+            let mut last = 0;
+            for i in 1..=CHANGES {
+                let name = ["a", "b", "c"][i % 3];
+                last = meta(&set_image(&mut c, name, &format!("gw:{i}")).await).resource_version;
+            }
+            last
+        })
+    };
+    let mut resumers = Vec::new();
+    for seed in 0..5u64 {
+        let mut client = store.client(VIEWER).await;
+        resumers.push(tokio::spawn(async move {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let (mut out, mut reconnects): (Vec<Seen>, usize) = (Vec::new(), 0);
+            let mut last = start;
+            while out.len() < CHANGES {
+                let mut stream = watch(&mut client, from(last)).await;
+                let take = rng.usize(1..40);
+                for _ in 0..take {
+                    if out.len() == CHANGES {
+                        break;
+                    }
+                    let e = next_event(&mut stream).await.unwrap();
+                    last = e.resource_version;
+                    out.push(seen(&e));
+                }
+                reconnects += 1;
+            }
+            (out, reconnects)
+        }));
+    }
+    let mut reference = Vec::new();
+    let mut stream = watch(&mut c, from(start)).await;
+    let last = writer.await.unwrap();
+    collect_until(&mut stream, last, &mut reference).await;
+    assert_eq!(reference.len(), CHANGES);
+    assert_strictly_increasing(&reference);
+    for r in resumers {
+        let (events, reconnects) = r.await.unwrap();
+        assert!(reconnects > 3, "the subscriber really reconnected");
+        assert_eq!(events, reference, "same sequence after {reconnects} reconnects");
+    }
+}
+
+async fn initial_events_end_with_a_bookmark_and_bookmarks_follow(store: &TestStore) {
+    let mut c = store.client(ADMIN).await;
+    for (name, env) in [("a", "prod"), ("b", "dev"), ("c", "prod")] {
+        let mut g = gateway(name, "gw:1");
+        g.metadata.as_mut().unwrap().labels.insert("env".into(), env.into());
+        create(&mut c, g).await;
+    }
+    let listed = listed_revision(&mut c).await;
+    let request = WatchGatewaysRequest {
+        send_initial_events: true,
+        allow_bookmarks: true,
+        label_selector: "env=prod".into(),
+        ..Default::default()
+    };
+    let mut stream = watch(&mut c, request).await;
+    let first = next_event(&mut stream).await.unwrap();
+    let second = next_event(&mut stream).await.unwrap();
+    assert_eq!((first.r#type(), seen(&first).2.as_str()), (EventType::Added, "a"));
+    assert_eq!((second.r#type(), seen(&second).2.as_str()), (EventType::Added, "c"));
+    let end = next_event(&mut stream).await.unwrap();
+    assert_eq!(end.r#type(), EventType::Bookmark);
+    assert!(end.initial_events_end);
+    assert_eq!(end.resource_version, listed);
+    assert!(end.gateway.is_none());
+
+    // Idle: a periodic bookmark at the same revision.
+    let idle = next_event(&mut stream).await.unwrap();
+    assert_eq!(
+        (idle.r#type(), idle.resource_version, idle.initial_events_end),
+        (EventType::Bookmark, listed, false)
+    );
+
+    // A change to a non-matching gateway moves bookmarks forward without an event.
+    let dev = set_image(&mut c, "b", "gw:2").await;
+    let prod = set_image(&mut c, "c", "gw:2").await;
+    let mut e = next_event(&mut stream).await.unwrap();
+    while e.r#type() == EventType::Bookmark {
+        assert!(e.resource_version < prod.metadata.as_ref().unwrap().resource_version);
+        e = next_event(&mut stream).await.unwrap();
+    }
+    assert_eq!(seen(&e), (meta(&prod).resource_version, EventType::Modified, "c".into(), 2));
+    let after = next_event(&mut stream).await.unwrap();
+    assert_eq!(after.r#type(), EventType::Bookmark);
+    assert_eq!(after.resource_version, meta(&prod).resource_version);
+    assert!(meta(&dev).resource_version < after.resource_version);
+
+    let plain = watch(&mut c, from(0)).await;
+    drop(plain); // a watch from 0 starts now: nothing to check beyond opening.
+}
+
+async fn selectors_and_names_filter_on_the_server(store: &TestStore) {
+    let mut c = store.client(ADMIN).await;
+    let start = listed_revision(&mut c).await;
+    let selected = WatchGatewaysRequest {
+        resource_version: start,
+        label_selector: "env=prod".into(),
+        ..Default::default()
+    };
+    let mut by_label = watch(&mut c, selected).await;
+    let mut by_name = watch(
+        &mut c,
+        WatchGatewaysRequest { resource_version: start, name: "x".into(), ..Default::default() },
+    )
+    .await;
+
+    let mut x = gateway("x", "gw:1");
+    x.metadata.as_mut().unwrap().labels.insert("env".into(), "prod".into());
+    create(&mut c, x).await; // ADDED for both
+    create(&mut c, gateway("y", "gw:1")).await; // neither
+    set_labels(&mut c, "x", &[("env", "dev")]).await; // leaves: DELETED
+    set_labels(&mut c, "y", &[("env", "prod")]).await; // enters: ADDED
+    set_image(&mut c, "y", "gw:2").await; // MODIFIED
+    c.delete_gateway(DeleteGatewayRequest { name: "y".into(), resource_version: 0 }).await.unwrap(); // DELETED
+    let last = c
+        .delete_gateway(DeleteGatewayRequest { name: "x".into(), resource_version: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+
+    let kinds = |events: &[Seen]| events.iter().map(|e| (e.1, e.2.clone())).collect::<Vec<_>>();
+    let mut label_events = Vec::new();
+    let expected_label = vec![
+        (EventType::Added, "x".to_string()),
+        (EventType::Deleted, "x".to_string()),
+        (EventType::Added, "y".to_string()),
+        (EventType::Modified, "y".to_string()),
+        (EventType::Deleted, "y".to_string()),
+    ];
+    while label_events.len() < expected_label.len() {
+        label_events.push(seen(&next_event(&mut by_label).await.unwrap()));
+    }
+    assert_eq!(kinds(&label_events), expected_label);
+    let mut name_events = Vec::new();
+    collect_until(&mut by_name, meta(&last).resource_version, &mut name_events).await;
+    assert_eq!(
+        kinds(&name_events),
+        [
+            (EventType::Added, "x".into()),
+            (EventType::Modified, "x".into()),
+            (EventType::Deleted, "x".into())
+        ]
+    );
+
+    let bad = c
+        .watch_gateways(WatchGatewaysRequest {
+            label_selector: "env in (".into(),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(bad.unwrap_err().code(), Code::InvalidArgument);
+    let mut anonymous = store.client("").await;
+    assert_eq!(anonymous.watch_gateways(from(0)).await.unwrap_err().code(), Code::Unauthenticated);
+}
+
+async fn compacted_revisions_are_out_of_range_and_the_client_relists(store: &TestStore) {
+    let mut c = store.client(ADMIN).await;
+    let start = listed_revision(&mut c).await;
+    create(&mut c, gateway("edge", "gw:0")).await;
+
+    // The client helper subscribes, then its consumer stops reading.
+    let options = WatchOptions { buffer: 1, ..WatchOptions::default() };
+    let config = gantry_client::ClientConfig {
+        endpoint: format!("http://{}", store.grpc),
+        token: Some(VIEWER.into()),
+        ..Default::default()
+    };
+    let mut updates = list_then_watch(gantry_client::connect(&config).await.unwrap(), options);
+    let first = tokio::time::timeout(PATIENCE, updates.next()).await.unwrap().unwrap().unwrap();
+    assert!(matches!(first, WatchUpdate::Reset { ref gateways, .. } if gateways.len() == 1));
+
+    // Large changes overflow the stalled subscriber's buffers, and
+    // compaction (every 50 ms, keeping 5 events) removes its revision.
+    let mut last = Gateway::default();
+    // 40 x 200 KiB is well past the HTTP/2 windows (a few MiB) that would
+    // otherwise absorb the stall.
+    for i in 1..=40 {
+        let mut g = gateway("edge", &format!("gw:{i}"));
+        g.spec.as_mut().unwrap().config.insert("blob".into(), "x".repeat(200 * 1024));
+        let mask = Some(FieldMask { paths: vec!["spec".into()] });
+        last = c
+            .update_gateway(UpdateGatewayRequest { gateway: Some(g), update_mask: mask })
+            .await
+            .unwrap()
+            .into_inner();
+    }
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let status = loop {
+        let mut stream = watch(&mut c, from(start)).await;
+        match next_event(&mut stream).await {
+            Err(status) => break status,
+            Ok(_) => {
+                assert!(tokio::time::Instant::now() < deadline, "compaction never ran");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    assert_eq!(status.code(), Code::OutOfRange);
+    assert_eq!(status.get_details_error_info().unwrap().reason, "REVISION_COMPACTED");
+
+    // The helper resumes, finds its revision compacted, relists, and ends
+    // up with the final state.
+    let final_image = last.spec.as_ref().unwrap().image.clone();
+    let mut relisted = false;
+    loop {
+        let update =
+            tokio::time::timeout(PATIENCE, updates.next()).await.unwrap().unwrap().unwrap();
+        match update {
+            WatchUpdate::Reset { gateways, .. } => {
+                relisted = true;
+                if gateways[0].spec.as_ref().unwrap().image == final_image {
+                    break;
+                }
+            }
+            WatchUpdate::Applied { gateway, .. }
+                if gateway.spec.as_ref().unwrap().image == final_image =>
+            {
+                break
+            }
+            _ => {}
+        }
+    }
+    assert!(relisted, "the helper relisted after OUT_OF_RANGE");
+}
+
+async fn a_stalled_subscriber_is_ended_and_does_not_slow_others(store: &TestStore) {
+    let mut c = store.client(ADMIN).await;
+    create(&mut c, gateway("edge", "gw:0")).await;
+    let start = listed_revision(&mut c).await;
+    let mut stalled = watch(&mut store.client(VIEWER).await, from(start)).await;
+    let mut fast = watch(&mut store.client(VIEWER).await, from(start)).await;
+    let (sent_tx, mut sent_rx) =
+        tokio::sync::mpsc::unbounded_channel::<(i64, tokio::time::Instant)>();
+    let writer = {
+        let mut c = store.client(EDITOR).await;
+        tokio::spawn(async move {
+            for i in 1..=200 {
+                let mut g = gateway("edge", &format!("gw:{i}"));
+                g.spec.as_mut().unwrap().config.insert("blob".into(), "x".repeat(16 * 1024));
+                let mask = Some(FieldMask { paths: vec!["spec".into()] });
+                let g = c
+                    .update_gateway(UpdateGatewayRequest { gateway: Some(g), update_mask: mask })
+                    .await
+                    .unwrap()
+                    .into_inner();
+                sent_tx.send((meta(&g).resource_version, tokio::time::Instant::now())).unwrap();
+            }
+        })
+    };
+    let mut latencies = Vec::new();
+    for _ in 0..200 {
+        let e = next_event(&mut fast).await.unwrap();
+        let (revision, sent) = sent_rx.recv().await.unwrap();
+        assert_eq!(e.resource_version, revision, "the fast subscriber gets every change in order");
+        latencies.push(sent.elapsed());
+    }
+    writer.await.unwrap();
+    latencies.sort();
+    eprintln!(
+        "{:?} fast subscriber write->receive p50 {:?} max {:?}",
+        store.backend, latencies[100], latencies[199]
+    );
+
+    let metrics = http_text(store.http, "/metrics").await;
+    let cached = metric(&metrics, "gantry_store_watch_cache_events");
+    assert!(cached <= 32, "the watch cache stays within its bound: {cached}");
+
+    // The stalled subscriber, read at last, gets what was buffered and then
+    // the verdict.
+    let mut received = 0;
+    let status = loop {
+        match next_event(&mut stalled).await {
+            Ok(_) => received += 1,
+            Err(status) => break status,
+        }
+    };
+    assert!(received < 200, "it did not get everything: {received}");
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert_eq!(status.get_details_error_info().unwrap().reason, "WATCHER_TOO_SLOW");
+}
+
+async fn http_text(addr: std::net::SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out
+}
+
+fn metric(text: &str, name: &str) -> i64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("{name} missing from {text}"))
+}
+
+async fn shutdown_flushes_and_ends_streams_with_unavailable(store: &TestStore) {
+    // Runs on its own store, so it can stop it.
+    let own = match store.backend {
+        Backend::Sqlite => TestStore::start(Backend::Sqlite).await.unwrap(),
+        Backend::Postgres => store.replica().await,
+    };
+    let mut c = own.client(ADMIN).await;
+    let start = listed_revision(&mut c).await;
+    let mut stream = watch(&mut c, from(start)).await;
+    let created = create(&mut c, gateway("edge-shutdown", "gw:1")).await;
+    own.stop().await;
+    let mut changes = Vec::new();
+    let status = loop {
+        match next_event(&mut stream).await {
+            Ok(e) => changes.push(seen(&e)),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(
+        changes.last().map(|s| s.0),
+        Some(meta(&created).resource_version),
+        "committed events are flushed"
+    );
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(status.get_details_error_info().unwrap().reason, "STORE_SHUTTING_DOWN");
+}
+
+on_both_backends!(
+    every_subscriber_gets_every_change_exactly_once,
+    resumed_subscribers_match_an_uninterrupted_one,
+    initial_events_end_with_a_bookmark_and_bookmarks_follow,
+    selectors_and_names_filter_on_the_server,
+    shutdown_flushes_and_ends_streams_with_unavailable,
+);
+
+/// A resume older than the watch cache reads the events table, page by
+/// page, then continues live without a gap.
+async fn resume_older_than_the_cache_reads_the_events_table(store: &TestStore) {
+    let mut c = store.client(ADMIN).await;
+    create(&mut c, gateway("edge", "gw:0")).await;
+    let start = listed_revision(&mut c).await;
+    for i in 1..=1200 {
+        set_image(&mut c, "edge", &format!("gw:{i}")).await;
+    }
+    let mut stream = watch(&mut c, from(start)).await;
+    let mut events = Vec::new();
+    let head = listed_revision(&mut c).await;
+    collect_until(&mut stream, head, &mut events).await;
+    let live = meta(&set_image(&mut c, "edge", "gw:live").await).resource_version;
+    collect_until(&mut stream, live, &mut events).await;
+    let table: Vec<i64> =
+        store.event_revisions().await.into_iter().filter(|r| *r > start).collect();
+    assert_eq!(events.iter().map(|e| e.0).collect::<Vec<_>>(), table);
+    assert_eq!(events.len(), 1201);
+}
+
+fn small_cache() -> WatchSettings {
+    WatchSettings { cache_events: 8, ..test_watch_settings() }
+}
+
+fn small_history() -> WatchSettings {
+    WatchSettings {
+        cache_events: 8,
+        subscriber_buffer: 4,
+        retention: Retention { max_events: 5, max_age_ms: 3_600_000 },
+        compaction_interval: Duration::from_millis(50),
+        ..test_watch_settings()
+    }
+}
+
+mod sqlite_small_history {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn resume_older_than_the_cache_reads_the_events_table() {
+        let store = TestStore::start_with(Backend::Sqlite, small_cache()).await.unwrap();
+        super::resume_older_than_the_cache_reads_the_events_table(&store).await;
+        store.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn compacted_revisions_are_out_of_range_and_the_client_relists() {
+        let store = TestStore::start_with(Backend::Sqlite, small_history()).await.unwrap();
+        super::compacted_revisions_are_out_of_range_and_the_client_relists(&store).await;
+        store.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stalled_subscriber_is_ended_and_does_not_slow_others() {
+        let settings =
+            WatchSettings { cache_events: 32, subscriber_buffer: 16, ..test_watch_settings() };
+        let store = TestStore::start_with(Backend::Sqlite, settings).await.unwrap();
+        super::a_stalled_subscriber_is_ended_and_does_not_slow_others(&store).await;
+        store.stop().await;
+    }
+}
+
+mod postgres_small_history {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn resume_older_than_the_cache_reads_the_events_table() {
+        let Some(store) = TestStore::start_with(Backend::Postgres, small_cache()).await else {
+            return;
+        };
+        super::resume_older_than_the_cache_reads_the_events_table(&store).await;
+        store.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn compacted_revisions_are_out_of_range_and_the_client_relists() {
+        let Some(store) = TestStore::start_with(Backend::Postgres, small_history()).await else {
+            return;
+        };
+        super::compacted_revisions_are_out_of_range_and_the_client_relists(&store).await;
+        store.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stalled_subscriber_is_ended_and_does_not_slow_others() {
+        let settings =
+            WatchSettings { cache_events: 32, subscriber_buffer: 16, ..test_watch_settings() };
+        let Some(store) = TestStore::start_with(Backend::Postgres, settings).await else { return };
+        super::a_stalled_subscriber_is_ended_and_does_not_slow_others(&store).await;
+        store.stop().await;
+    }
+
+    /// Two stores on one database: writes on both, a watcher on each sees
+    /// the complete sequence.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn replicas_see_each_others_writes() {
+        let Some(a) = TestStore::start(Backend::Postgres).await else { return };
+        let b = a.replica().await;
+        let (mut ca, mut cb) = (a.client(ADMIN).await, b.client(ADMIN).await);
+        let start = listed_revision(&mut ca).await;
+        let mut on_a = watch(&mut ca, from(start)).await;
+        let mut on_b = watch(&mut cb, from(start)).await;
+        let mut last = 0;
+        for i in 0..100 {
+            let (client, name) = if i % 2 == 0 {
+                (&mut ca, format!("gw-a-{i}"))
+            } else {
+                (&mut cb, format!("gw-b-{i}"))
+            };
+            last = meta(&create(client, gateway(&name, "gw:1")).await).resource_version;
+        }
+        let (mut seen_a, mut seen_b) = (Vec::new(), Vec::new());
+        collect_until(&mut on_a, last, &mut seen_a).await;
+        collect_until(&mut on_b, last, &mut seen_b).await;
+        let table: Vec<i64> =
+            a.event_revisions().await.into_iter().filter(|r| *r > start).collect();
+        assert_eq!(seen_a.iter().map(|s| s.0).collect::<Vec<_>>(), table);
+        assert_eq!(seen_a, seen_b, "both replicas deliver the same sequence");
+        let names: BTreeMap<String, usize> = seen_b.iter().fold(BTreeMap::new(), |mut m, s| {
+            *m.entry(s.2.clone()).or_default() += 1;
+            m
+        });
+        assert_eq!(names.len(), 100);
+        b.stop().await;
+        a.stop().await;
+    }
+}
