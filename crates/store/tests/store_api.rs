@@ -693,17 +693,6 @@ async fn health_and_readiness_answer(store: &TestStore) {
     );
 }
 
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out
-}
-
 on_both_backends!(
     create_starts_unconverged_and_the_row_holds_zero,
     spec_change_advances_generation_by_one,

@@ -427,7 +427,7 @@ async fn a_stalled_subscriber_is_ended_and_does_not_slow_others(store: &TestStor
         store.backend, latencies[100], latencies[199]
     );
 
-    let metrics = http_text(store.http, "/metrics").await;
+    let metrics = http_get(store.http, "/metrics").await;
     let cached = metric(&metrics, "gantry_store_watch_cache_events");
     assert!(cached <= 32, "the watch cache stays within its bound: {cached}");
 
@@ -443,17 +443,6 @@ async fn a_stalled_subscriber_is_ended_and_does_not_slow_others(store: &TestStor
     assert!(received < 200, "it did not get everything: {received}");
     assert_eq!(status.code(), Code::ResourceExhausted);
     assert_eq!(status.get_details_error_info().unwrap().reason, "WATCHER_TOO_SLOW");
-}
-
-async fn http_text(addr: std::net::SocketAddr, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out
 }
 
 fn metric(text: &str, name: &str) -> i64 {
