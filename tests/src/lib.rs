@@ -6,7 +6,7 @@
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -74,5 +74,116 @@ pub fn wait_for_http(port: u16, path: &str, timeout: Duration) -> String {
             "nothing answered on 127.0.0.1:{port}{path} within {timeout:?}"
         );
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A `gateway-store` process on free ports, restartable with the same
+/// arguments (same ports, same database).
+#[derive(Debug)]
+pub struct StoreProcess {
+    args: Vec<String>,
+    pub grpc: u16,
+    pub http: u16,
+    child: Option<Child>,
+}
+
+impl StoreProcess {
+    /// Starts a store without authentication on `database_url`, waiting
+    /// until it is ready.
+    pub fn start(database_url: &str, data_dir: &std::path::Path) -> StoreProcess {
+        let (grpc, http) = (free_port(), free_port());
+        let args = vec![
+            "--allow-unauthenticated".into(),
+            "--listen".into(),
+            format!("127.0.0.1:{grpc}"),
+            "--http-listen".into(),
+            format!("127.0.0.1:{http}"),
+            "--database-url".into(),
+            database_url.into(),
+            "--data-dir".into(),
+            data_dir.display().to_string(),
+        ];
+        let mut store = StoreProcess { args, grpc, http, child: None };
+        store.spawn();
+        store
+    }
+
+    /// `http://127.0.0.1:<grpc port>`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.grpc)
+    }
+
+    /// Starts the process (again) and waits for `/readyz`.
+    pub fn spawn(&mut self) {
+        let child = Command::new(binary("gateway-store"))
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start gateway-store");
+        self.child = Some(child);
+        let ready = wait_for_http(self.http, "/readyz", Duration::from_secs(60));
+        assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    }
+
+    /// SIGKILL, and wait for the process to be gone.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").args(["-KILL", &child.id().to_string()]).status();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for StoreProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A PostgreSQL database made for one test and dropped after it.
+#[derive(Debug)]
+pub struct TempPostgres {
+    pub url: String,
+    admin_url: String,
+    name: String,
+}
+
+impl TempPostgres {
+    /// A fresh database through `GANTRY_TEST_POSTGRES_URL` (default the
+    /// local server); `None` when unreachable outside CI, a panic under
+    /// `CI=true`.
+    pub async fn create() -> Option<TempPostgres> {
+        use sqlx::Connection;
+        let admin_url = std::env::var("GANTRY_TEST_POSTGRES_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
+        let mut admin = match sqlx::PgConnection::connect(&admin_url).await {
+            Ok(c) => c,
+            Err(e) if std::env::var("CI").is_err() => {
+                eprintln!("SKIPPED: PostgreSQL at {admin_url} unreachable ({e})");
+                return None;
+            }
+            Err(e) => panic!("CI=true and PostgreSQL at {admin_url} is unreachable: {e}"),
+        };
+        let name = format!("gantry_e2e_{}", uuid::Uuid::new_v4().simple());
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut admin)
+            .await
+            .expect("create database");
+        let base = admin_url.rsplit_once('/').map_or(admin_url.as_str(), |(b, _)| b);
+        Some(TempPostgres { url: format!("{base}/{name}"), admin_url, name })
+    }
+
+    /// Drops the database (stop the processes using it first).
+    pub async fn drop_database(self) {
+        use sqlx::Connection;
+        if let Ok(mut admin) = sqlx::PgConnection::connect(&self.admin_url).await {
+            let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name))
+                .execute(&mut admin)
+                .await;
+        }
     }
 }

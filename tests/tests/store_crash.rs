@@ -6,7 +6,6 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,69 +14,13 @@ use gantry_api::v1::{
 };
 use gantry_client::watch::{list_then_watch, WatchOptions, WatchUpdate};
 use gantry_client::ClientConfig;
-use gantry_e2e::{binary, free_port, temp_dir, wait_for_http};
-use sqlx::Connection;
+use gantry_e2e::{temp_dir, StoreProcess, TempPostgres};
 use tokio_stream::StreamExt;
 use tonic::Code;
 
 const WRITERS: usize = 4;
 const KILLS: usize = 3;
 const TARGET_ACKS: usize = 400;
-
-struct Store {
-    args: Vec<String>,
-    http: u16,
-    child: Option<Child>,
-}
-
-impl Store {
-    fn start(database_url: &str, dir: &std::path::Path) -> (Store, u16) {
-        let (grpc, http) = (free_port(), free_port());
-        let args = vec![
-            "--allow-unauthenticated".into(),
-            "--listen".into(),
-            format!("127.0.0.1:{grpc}"),
-            "--http-listen".into(),
-            format!("127.0.0.1:{http}"),
-            "--database-url".into(),
-            database_url.into(),
-            "--data-dir".into(),
-            dir.display().to_string(),
-            "--log-format".into(),
-            "json".into(),
-        ];
-        let mut store = Store { args, http, child: None };
-        store.spawn();
-        (store, grpc)
-    }
-
-    fn spawn(&mut self) {
-        let child = Command::new(binary("gateway-store"))
-            .args(&self.args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
-        let ready = wait_for_http(self.http, "/readyz", Duration::from_secs(60));
-        assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
-    }
-
-    fn kill9(&mut self) {
-        let mut child = self.child.take().unwrap();
-        Command::new("kill").args(["-KILL", &child.id().to_string()]).status().unwrap();
-        child.wait().unwrap();
-    }
-}
-
-impl Drop for Store {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
 
 fn gateway(name: &str) -> Gateway {
     Gateway {
@@ -89,9 +32,8 @@ fn gateway(name: &str) -> Gateway {
 
 async fn kill_and_restart_loses_nothing(database_url: &str, label: &str) {
     let dir = temp_dir(label);
-    let (mut store, grpc) = Store::start(database_url, &dir);
-    let config =
-        ClientConfig { endpoint: format!("http://127.0.0.1:{grpc}"), ..Default::default() };
+    let mut store = StoreProcess::start(database_url, &dir);
+    let config = ClientConfig { endpoint: store.endpoint(), ..Default::default() };
 
     // A subscriber through the client helper, applying updates to a cache.
     let cache: Arc<Mutex<BTreeSet<String>>> = Arc::default();
@@ -236,19 +178,7 @@ async fn sqlite_store_survives_sigkill() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_store_survives_sigkill() {
-    let admin_url = std::env::var("GANTRY_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
-    let mut admin = match sqlx::PgConnection::connect(&admin_url).await {
-        Ok(c) => c,
-        Err(e) if std::env::var("CI").is_err() => {
-            eprintln!("SKIPPED: PostgreSQL at {admin_url} unreachable ({e})");
-            return;
-        }
-        Err(e) => panic!("CI=true and PostgreSQL at {admin_url} is unreachable: {e}"),
-    };
-    let name = format!("gantry_e2e_{}", uuid::Uuid::new_v4().simple());
-    sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut admin).await.unwrap();
-    let base = admin_url.rsplit_once('/').map_or(admin_url.as_str(), |(b, _)| b);
-    kill_and_restart_loses_nothing(&format!("{base}/{name}"), "postgres").await;
-    sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)")).execute(&mut admin).await.unwrap();
+    let Some(db) = TempPostgres::create().await else { return };
+    kill_and_restart_loses_nothing(&db.url, "postgres").await;
+    db.drop_database().await;
 }

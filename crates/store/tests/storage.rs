@@ -1,0 +1,153 @@
+//! The storage layer directly, on both backends: a batch of writes commits
+//! together, and a write that fails inside a batch fails alone.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use gantry_api::v1::EventType;
+use gantry_core::{lifecycle, Role, RuleError, Write};
+use gantry_store::storage::{PendingWrite, StorageError};
+use prost_types::Timestamp;
+
+fn create_write(name: &str) -> PendingWrite {
+    let request = gateway(name, "gw:1");
+    PendingWrite {
+        name: name.into(),
+        mutation: Box::new(move |existing| {
+            lifecycle::create(existing, request, Role::Editor, "uid".into(), Timestamp::default())
+        }),
+    }
+}
+
+fn rejected(name: &str) -> PendingWrite {
+    PendingWrite {
+        name: name.into(),
+        mutation: Box::new(|_| Err(RuleError::invalid("gateway.spec", "no"))),
+    }
+}
+
+fn unchanged(name: &str) -> PendingWrite {
+    let name_owned = name.to_string();
+    PendingWrite {
+        name: name.into(),
+        mutation: Box::new(move |current| match current {
+            Some(g) => Ok(Write::Unchanged(g.clone())),
+            None => Err(RuleError::NotFound(name_owned)),
+        }),
+    }
+}
+
+async fn a_failing_write_in_a_batch_fails_alone(store: &TestStore) {
+    let storage = store.storage.clone();
+    storage.write_batch(vec![create_write("taken")]).await.unwrap().pop().unwrap().unwrap();
+    let before = store.event_revisions().await;
+
+    let results = storage
+        .write_batch(vec![
+            create_write("one"),
+            create_write("taken"),
+            rejected("two"),
+            create_write("two"),
+            unchanged("one"),
+            create_write("three"),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(results.len(), 6);
+    let kinds: Vec<Option<EventType>> = results
+        .iter()
+        .map(|r| r.as_ref().ok().and_then(|c| c.event.as_ref().map(|e| e.kind)))
+        .collect();
+    assert_eq!(
+        kinds,
+        [Some(EventType::Added), None, None, Some(EventType::Added), None, Some(EventType::Added)]
+    );
+    assert!(
+        matches!(results[1], Err(StorageError::Rule(RuleError::AlreadyExists(_)))),
+        "{:?}",
+        results[1]
+    );
+    assert!(matches!(results[2], Err(StorageError::Rule(RuleError::Invalid(_)))));
+    assert!(matches!(results[4], Ok(ref c) if c.event.is_none()));
+
+    for name in ["one", "two", "three", "taken"] {
+        assert!(storage.get(name).await.unwrap().is_some(), "{name}");
+    }
+    let after = store.event_revisions().await;
+    assert_eq!(after.len() - before.len(), 3, "one event per committed change");
+    assert!(after.windows(2).all(|w| w[1] == w[0] + 1), "no revision spent on a failed write");
+    let revisions: Vec<i64> = results
+        .iter()
+        .filter_map(|r| r.as_ref().ok()?.event.as_ref().map(|e| e.revision))
+        .collect();
+    assert_eq!(revisions, after[before.len()..]);
+}
+
+async fn a_batch_of_only_failures_writes_nothing(store: &TestStore) {
+    let storage = store.storage.clone();
+    let before = store.event_revisions().await;
+    let results = storage.write_batch(vec![rejected("x")]).await.unwrap();
+    assert!(results[0].is_err());
+    assert_eq!(store.event_revisions().await, before);
+    assert_eq!(storage.current_revision().await.unwrap(), before.last().copied().unwrap_or(1));
+}
+
+on_both_backends!(a_failing_write_in_a_batch_fails_alone, a_batch_of_only_failures_writes_nothing);
+
+/// On PostgreSQL a unique violation aborts the transaction; the savepoint
+/// around each write keeps the rest of the batch. Another writer (as a
+/// second replica would) inserts the same name while the batch runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_unique_violation_in_a_batch_fails_alone() {
+    use sqlx::Connection;
+    let Some(store) = TestStore::start(Backend::Postgres).await else { return };
+    let mut other = sqlx::PgConnection::connect(&store.database.url).await.unwrap();
+    let mut racing = other.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO gateways (name, uid, generation, observed_generation, resource_version, deleting, object) \
+         VALUES ('shared', 'other-replica', 1, 0, 0, FALSE, '')",
+    )
+    .execute(&mut *racing)
+    .await
+    .unwrap();
+
+    let storage = store.storage.clone();
+    let batch = tokio::spawn(async move {
+        storage
+            .write_batch(vec![create_write("b1"), create_write("shared"), create_write("b2")])
+            .await
+    });
+    // Wait until the batch's insert of "shared" blocks on the racing
+    // insert, then commit the racing insert.
+    let mut watcher = sqlx::PgConnection::connect(&store.database.url).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (waiting,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&mut watcher)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the batch never reached the racing row");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    racing.commit().await.unwrap();
+    let results = batch.await.unwrap().unwrap();
+    assert!(
+        matches!(results[1], Err(StorageError::Rule(RuleError::AlreadyExists(_)))),
+        "{:?}",
+        results[1]
+    );
+    assert!(results[0].is_ok() && results[2].is_ok());
+    for name in ["b1", "b2"] {
+        assert!(store.storage.get(name).await.unwrap().is_some(), "{name}");
+    }
+    let shared = store.storage.get("shared").await.unwrap().unwrap();
+    assert!(shared.metadata.is_none(), "the racing row stands");
+    store.stop().await;
+}
