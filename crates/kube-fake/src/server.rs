@@ -1,0 +1,633 @@
+//! The HTTP side: routing Kubernetes API paths to the state, discovery,
+//! watch streams, fault injection and the request log.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use tokio::sync::{broadcast, watch, Notify};
+
+use crate::resources::{self, ResourceType};
+use crate::state::{ApiError, Event, FaultAction, RequestRecord, State};
+use crate::util::{parse_query, FieldSelector, LabelSelector};
+
+/// The fake API server shared by the HTTP handlers, the rollout
+/// simulator and the test handle.
+#[derive(Debug)]
+pub struct Fake {
+    state: Mutex<State>,
+    /// Bumped to end every open watch (fault injection).
+    pub watch_epoch: watch::Sender<u64>,
+    /// Wakes the rollout simulator.
+    pub rollout_wake: Notify,
+    pub bookmark_interval: Duration,
+}
+
+impl Fake {
+    pub fn new(history: usize, bookmark_interval: Duration) -> Self {
+        Self {
+            state: Mutex::new(State::new(history)),
+            watch_epoch: watch::channel(0).0,
+            rollout_wake: Notify::new(),
+            bookmark_interval,
+        }
+    }
+
+    /// The state; a panic elsewhere never leaves it half-written (every
+    /// operation validates before it mutates), so poisoning is ignored.
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+enum Route {
+    Version,
+    Api,
+    Apis,
+    Group(String),
+    ResourceList(String, String),
+    Resource(Target),
+}
+
+struct Target {
+    rt: &'static ResourceType,
+    namespace: Option<String>,
+    name: Option<String>,
+    subresource: Option<&'static str>,
+}
+
+fn not_found_path(path: &str) -> ApiError {
+    ApiError::new(
+        404,
+        "NotFound",
+        format!("the server could not find the requested resource ({path})"),
+    )
+}
+
+fn parse_route(path: &str) -> Result<Route, ApiError> {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').filter(|s| !s.is_empty()).collect();
+    let (group, version, rest) = match segments.as_slice() {
+        ["version"] => return Ok(Route::Version),
+        ["api"] => return Ok(Route::Api),
+        ["apis"] => return Ok(Route::Apis),
+        ["apis", group] => return Ok(Route::Group(group.to_string())),
+        ["api", version] => return Ok(Route::ResourceList(String::new(), version.to_string())),
+        ["apis", group, version] => {
+            return Ok(Route::ResourceList(group.to_string(), version.to_string()))
+        }
+        ["api", version, rest @ ..] => ("", *version, rest),
+        ["apis", group, version, rest @ ..] => (*group, *version, rest),
+        _ => return Err(not_found_path(path)),
+    };
+    let namespaced = match rest {
+        ["namespaces", ns, plural, tail @ ..]
+            if resources::find(group, version, plural).is_some_and(|r| r.namespaced) =>
+        {
+            Some((ns.to_string(), *plural, tail))
+        }
+        _ => None,
+    };
+    let (namespace, plural, tail) = match namespaced {
+        Some((ns, plural, tail)) => (Some(ns), plural, tail),
+        None => match rest {
+            [plural, tail @ ..] => (None, *plural, tail),
+            [] => return Err(not_found_path(path)),
+        },
+    };
+    let rt = resources::find(group, version, plural).ok_or_else(|| not_found_path(path))?;
+    let (name, subresource) = match tail {
+        [] => (None, None),
+        [name] => (Some(name.to_string()), None),
+        [name, "status"] if rt.status_subresource => (Some(name.to_string()), Some("status")),
+        _ => return Err(not_found_path(path)),
+    };
+    if rt.namespaced && namespace.is_none() && name.is_some() {
+        return Err(not_found_path(path));
+    }
+    Ok(Route::Resource(Target { rt, namespace, name, subresource }))
+}
+
+fn json_response(code: StatusCode, value: &Value) -> Response {
+    (code, [(header::CONTENT_TYPE, "application/json")], value.to_string()).into_response()
+}
+
+fn error_response(e: &ApiError) -> Response {
+    let code = StatusCode::from_u16(e.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = json_response(code, &e.to_status());
+    if let Some(seconds) = e.retry_after {
+        if let Ok(v) = HeaderValue::from_str(&seconds.to_string()) {
+            response.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+    }
+    response
+}
+
+/// Handles every request.
+pub async fn handle(
+    fake: Arc<Fake>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let query = parse_query(uri.query());
+    match parse_route(uri.path()) {
+        Ok(Route::Version) => json_response(StatusCode::OK, &version()),
+        Ok(Route::Api) => json_response(
+            StatusCode::OK,
+            &json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("")}]}),
+        ),
+        Ok(Route::Apis) => json_response(StatusCode::OK, &api_group_list()),
+        Ok(Route::Group(group)) => match api_group_list()["groups"]
+            .as_array()
+            .and_then(|g| g.iter().find(|g| g["name"] == group.as_str()).cloned())
+        {
+            Some(mut g) => {
+                g["kind"] = json!("APIGroup");
+                g["apiVersion"] = json!("v1");
+                json_response(StatusCode::OK, &g)
+            }
+            None => error_response(&not_found_path(uri.path())),
+        },
+        Ok(Route::ResourceList(group, version)) => match resource_list(&group, &version) {
+            Some(list) => json_response(StatusCode::OK, &list),
+            None => error_response(&not_found_path(uri.path())),
+        },
+        Ok(Route::Resource(target)) => {
+            match resource_request(&fake, &method, &query, &headers, &body, target).await {
+                Ok(response) => response,
+                Err(e) => error_response(&e),
+            }
+        }
+        Err(e) => error_response(&e),
+    }
+}
+
+fn version() -> Value {
+    json!({
+        "major": "1", "minor": "33", "gitVersion": "v1.33.0+gantry-kube-fake", "gitCommit": "0000000000000000000000000000000000000000",
+        "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.24.0", "compiler": "gc", "platform": "linux/amd64"
+    })
+}
+
+fn api_group_list() -> Value {
+    let groups: Vec<Value> = resources::groups()
+        .into_iter()
+        .map(|(g, v)| {
+            let gv = json!({"groupVersion": format!("{g}/{v}"), "version": v});
+            json!({"name": g, "versions": [gv.clone()], "preferredVersion": gv})
+        })
+        .collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+const VERBS: [&str; 8] =
+    ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+
+fn resource_list(group: &str, version: &str) -> Option<Value> {
+    let mut list = Vec::new();
+    for r in resources::RESOURCES.iter().filter(|r| r.group == group && r.version == version) {
+        list.push(json!({"name": r.plural, "singularName": r.singular, "namespaced": r.namespaced, "kind": r.kind, "verbs": VERBS, "shortNames": r.short_names}));
+        if r.status_subresource {
+            list.push(json!({"name": format!("{}/status", r.plural), "singularName": "", "namespaced": r.namespaced, "kind": r.kind, "verbs": ["get", "patch", "update"]}));
+        }
+    }
+    if list.is_empty() {
+        return None;
+    }
+    let group_version =
+        if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": list}),
+    )
+}
+
+fn parse_body(body: &Bytes, yaml: bool) -> Result<Value, ApiError> {
+    if body.is_empty() {
+        return Ok(Value::Null);
+    }
+    match serde_json::from_slice(body) {
+        Ok(v) => Ok(v),
+        Err(e) if yaml => {
+            let text = std::str::from_utf8(body)
+                .map_err(|_| ApiError::bad_request("the body is not UTF-8"))?;
+            serde_saphyr::from_str(text).map_err(|y| {
+                ApiError::bad_request(format!("cannot parse the body as JSON ({e}) or YAML ({y})"))
+            })
+        }
+        Err(e) => Err(ApiError::bad_request(format!("cannot parse the body as JSON: {e}"))),
+    }
+}
+
+fn field_manager(query: &BTreeMap<String, String>, headers: &HeaderMap) -> String {
+    if let Some(m) = query.get("fieldManager").filter(|m| !m.is_empty()) {
+        return m.clone();
+    }
+    headers
+        .get(header::USER_AGENT)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|ua| ua.split('/').next())
+        .filter(|s| !s.is_empty())
+        .unwrap_or("unknown")
+        .to_string()
+}
+
+async fn resource_request(
+    fake: &Arc<Fake>,
+    method: &Method,
+    query: &BTreeMap<String, String>,
+    headers: &HeaderMap,
+    body: &Bytes,
+    target: Target,
+) -> Result<Response, ApiError> {
+    let content_type =
+        headers.get(header::CONTENT_TYPE).and_then(|h| h.to_str().ok()).unwrap_or("");
+    let is_watch = query.get("watch").is_some_and(|w| w == "true" || w == "1");
+    let verb = match (method.as_str(), &target.name) {
+        ("GET", Some(_)) => "get",
+        ("GET", None) if is_watch => "watch",
+        ("GET", None) => "list",
+        ("POST", None) => "create",
+        ("PUT", Some(_)) => "update",
+        ("PATCH", Some(_)) if content_type.starts_with("application/apply-patch") => "apply",
+        ("PATCH", Some(_)) => "patch",
+        ("DELETE", Some(_)) => "delete",
+        _ => {
+            return Err(ApiError::new(
+                405,
+                "MethodNotAllowed",
+                format!("{method} is not supported on this path"),
+            ))
+        }
+    };
+    let rt = target.rt;
+    let namespace = target.namespace.clone().unwrap_or_default();
+    let name = target.name.clone().unwrap_or_default();
+    let manager = field_manager(query, headers);
+    let record = RequestRecord {
+        verb: verb.to_string(),
+        resource: format!("{}/{}", rt.group, rt.plural),
+        namespace: namespace.clone(),
+        name: name.clone(),
+        subresource: target.subresource.unwrap_or("").to_string(),
+        field_manager: if matches!(verb, "create" | "update" | "patch" | "apply") {
+            manager.clone()
+        } else {
+            String::new()
+        },
+    };
+    let (delay, failure) = {
+        let mut state = fake.lock();
+        state.requests.push(record.clone());
+        injected_faults(&mut state, &record)
+    };
+    if let Some(delay) = delay {
+        tokio::time::sleep(delay).await;
+    }
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if verb == "watch" {
+        return watch_response(fake, rt, target.namespace.as_deref(), query);
+    }
+    let subresource = target.subresource;
+    let result = {
+        let mut state = fake.lock();
+        match verb {
+            "get" => state.get(rt, &namespace, &name),
+            "list" => list(&state, rt, target.namespace.as_deref(), query),
+            "create" => {
+                if subresource.is_some() {
+                    return Err(ApiError::new(
+                        405,
+                        "MethodNotAllowed",
+                        "create is not supported on subresources",
+                    ));
+                }
+                let body = parse_body(body, false)?;
+                state.create(rt, &namespace, body, &manager)
+            }
+            "update" => {
+                state.update(rt, &namespace, &name, parse_body(body, false)?, &manager, subresource)
+            }
+            "patch" => {
+                if content_type.starts_with("application/json-patch") {
+                    return Err(ApiError::new(
+                        415,
+                        "UnsupportedMediaType",
+                        "JSON patch is not supported by kube-fake; use merge patch or apply",
+                    ));
+                }
+                state.merge_patch(
+                    rt,
+                    &namespace,
+                    &name,
+                    &parse_body(body, false)?,
+                    &manager,
+                    subresource,
+                )
+            }
+            "apply" => {
+                let force = query.get("force").is_some_and(|f| f == "true");
+                state.apply(
+                    rt,
+                    &namespace,
+                    &name,
+                    parse_body(body, true)?,
+                    &manager,
+                    force,
+                    subresource,
+                )
+            }
+            "delete" => {
+                let options = parse_body(body, false)?;
+                let policy = query.get("propagationPolicy").cloned().unwrap_or_default();
+                state.delete(rt, &namespace, &name, &options, &policy)
+            }
+            _ => Err(ApiError::new(405, "MethodNotAllowed", verb.to_string())),
+        }
+    };
+    fake.rollout_wake.notify_one();
+    let value = result?;
+    let code = if verb == "create" { StatusCode::CREATED } else { StatusCode::OK };
+    Ok(json_response(code, &value))
+}
+
+fn injected_faults(
+    state: &mut State,
+    record: &RequestRecord,
+) -> (Option<Duration>, Option<ApiError>) {
+    let (mut delay, mut failure) = (None, None);
+    for rule in state.faults.iter_mut() {
+        let applies = rule.verb.as_ref().is_none_or(|v| *v == record.verb)
+            && rule.resource.as_ref().is_none_or(|r| *r == record.resource)
+            && rule.remaining != Some(0);
+        if !applies || fastrand::f64() >= rule.rate {
+            continue;
+        }
+        match &rule.action {
+            FaultAction::Latency(d) => delay = Some(delay.unwrap_or_default() + *d),
+            FaultAction::Status { code, retry_after } if failure.is_none() => {
+                let reason = match code {
+                    409 => "Conflict",
+                    410 => "Expired",
+                    429 => "TooManyRequests",
+                    500 => "InternalError",
+                    503 => "ServiceUnavailable",
+                    _ => "Unknown",
+                };
+                let mut e = ApiError::new(
+                    *code,
+                    reason,
+                    format!("injected fault: {code} on {} {}", record.verb, record.resource),
+                );
+                e.retry_after = *retry_after;
+                failure = Some(e);
+            }
+            FaultAction::Status { .. } => continue,
+        }
+        if let Some(n) = rule.remaining.as_mut() {
+            *n -= 1;
+        }
+    }
+    (delay, failure)
+}
+
+fn selectors(query: &BTreeMap<String, String>) -> Result<(LabelSelector, FieldSelector), ApiError> {
+    let labels = LabelSelector::parse(query.get("labelSelector").map_or("", String::as_str))
+        .map_err(ApiError::bad_request)?;
+    let fields = FieldSelector::parse(query.get("fieldSelector").map_or("", String::as_str))
+        .map_err(ApiError::bad_request)?;
+    Ok((labels, fields))
+}
+
+fn list(
+    state: &State,
+    rt: &ResourceType,
+    namespace: Option<&str>,
+    query: &BTreeMap<String, String>,
+) -> Result<Value, ApiError> {
+    let (labels, fields) = selectors(query)?;
+    let limit: usize =
+        query.get("limit").and_then(|l| l.parse().ok()).filter(|l| *l > 0).unwrap_or(usize::MAX);
+    let after = match query.get("continue").filter(|c| !c.is_empty()) {
+        Some(token) => {
+            use base64::Engine as _;
+            let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(token)
+                .map_err(|_| ApiError::bad_request("invalid continue token"))?;
+            Some(String::from_utf8_lossy(&bytes).into_owned())
+        }
+        None => None,
+    };
+    let matching = state.matching(rt, namespace, &labels, &fields);
+    let mut items = Vec::new();
+    let mut next = None;
+    for (key, value) in matching {
+        let position = format!("{}/{}", key.1, key.2);
+        if after.as_ref().is_some_and(|a| position <= *a) {
+            continue;
+        }
+        if items.len() == limit {
+            use base64::Engine as _;
+            let last = items.last().map(|(p, _): &(String, Value)| p.clone()).unwrap_or_default();
+            next = Some(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(last));
+            break;
+        }
+        items.push((position, value));
+    }
+    let mut metadata = json!({"resourceVersion": state.resource_version().to_string()});
+    if let Some(token) = next {
+        metadata["continue"] = json!(token);
+    }
+    Ok(json!({
+        "kind": format!("{}List", rt.kind),
+        "apiVersion": rt.api_version(),
+        "metadata": metadata,
+        "items": items.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
+    }))
+}
+
+struct WatchState {
+    backlog: std::collections::VecDeque<Value>,
+    live: broadcast::Receiver<Arc<Event>>,
+    resource: String,
+    namespace: Option<String>,
+    labels: LabelSelector,
+    fields: FieldSelector,
+    last_rv: u64,
+    bookmarks: Option<tokio::time::Interval>,
+    deadline: Option<tokio::time::Instant>,
+    epoch: watch::Receiver<u64>,
+    api_version: String,
+    kind: String,
+    done: bool,
+}
+
+fn watch_line(kind: &str, object: &Value) -> Bytes {
+    let mut line = json!({"type": kind, "object": object}).to_string();
+    line.push('\n');
+    Bytes::from(line)
+}
+
+fn watch_response(
+    fake: &Arc<Fake>,
+    rt: &'static ResourceType,
+    namespace: Option<&str>,
+    query: &BTreeMap<String, String>,
+) -> Result<Response, ApiError> {
+    let (labels, fields) = selectors(query)?;
+    let requested = query.get("resourceVersion").cloned().unwrap_or_default();
+    let mut state = fake.lock();
+    let live = state.sender.subscribe();
+    let mut backlog = std::collections::VecDeque::new();
+    let resource = format!("{}/{}", rt.group, rt.plural);
+    let last_rv = state.resource_version();
+    let expire = state.expire_next_watches > 0;
+    if expire {
+        state.expire_next_watches -= 1;
+        let e = ApiError::new(
+            410,
+            "Expired",
+            format!("too old resource version: {requested} ({last_rv})"),
+        );
+        backlog.push_back(json!({"type": "ERROR", "object": e.to_status()}));
+    } else if requested.is_empty() || requested == "0" {
+        for (_, object) in state.matching(rt, namespace, &labels, &fields) {
+            backlog.push_back(json!({"type": "ADDED", "object": object}));
+        }
+    } else {
+        let rv: u64 = requested
+            .parse()
+            .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {requested:?}")))?;
+        match state.events_after(rv) {
+            None => {
+                let e = ApiError::new(
+                    410,
+                    "Expired",
+                    format!("too old resource version: {rv} ({})", state.compacted() + 1),
+                );
+                backlog.push_back(json!({"type": "ERROR", "object": e.to_status()}));
+            }
+            Some(events) => {
+                for event in events {
+                    if let Some(line) = filter_event(&event, &resource, namespace, &labels, &fields)
+                    {
+                        backlog.push_back(line);
+                    }
+                }
+            }
+        }
+    }
+    drop(state);
+    let timeout =
+        query.get("timeoutSeconds").and_then(|t| t.parse::<u64>().ok()).filter(|t| *t > 0);
+    let bookmarks = query.get("allowWatchBookmarks").is_some_and(|b| b == "true").then(|| {
+        let mut interval = tokio::time::interval(fake.bookmark_interval);
+        interval.reset();
+        interval
+    });
+    let mut epoch = fake.watch_epoch.subscribe();
+    epoch.mark_unchanged();
+    let state = WatchState {
+        done: false,
+        backlog,
+        live,
+        resource,
+        namespace: namespace.map(String::from),
+        labels,
+        fields,
+        last_rv,
+        bookmarks,
+        deadline: timeout.map(|t| tokio::time::Instant::now() + Duration::from_secs(t)),
+        epoch,
+        api_version: rt.api_version(),
+        kind: rt.kind.to_string(),
+    };
+    let stream = futures_util::stream::unfold(state, |mut s| async move {
+        let line = next_watch_line(&mut s).await?;
+        Some((Ok::<Bytes, std::convert::Infallible>(line), s))
+    });
+    Ok(([(header::CONTENT_TYPE, "application/json")], Body::from_stream(stream)).into_response())
+}
+
+fn filter_event(
+    event: &Event,
+    resource: &str,
+    namespace: Option<&str>,
+    labels: &LabelSelector,
+    fields: &FieldSelector,
+) -> Option<Value> {
+    if event.resource != resource
+        || namespace.is_some_and(|ns| ns != event.namespace)
+        || !fields.matches(&event.object)
+    {
+        return None;
+    }
+    let now = labels.matches(&event.object["metadata"]["labels"]);
+    let before = event.prev_labels.as_ref().is_some_and(|l| labels.matches(l));
+    let kind = match (event.kind, before, now) {
+        ("ADDED", _, true) => "ADDED",
+        ("MODIFIED", true, true) => "MODIFIED",
+        ("MODIFIED", false, true) => "ADDED",
+        ("MODIFIED", true, false) => "DELETED",
+        ("DELETED", b, n) if b || n => "DELETED",
+        _ => return None,
+    };
+    Some(json!({"type": kind, "object": event.object}))
+}
+
+async fn next_watch_line(s: &mut WatchState) -> Option<Bytes> {
+    loop {
+        if let Some(line) = s.backlog.pop_front() {
+            if line["type"] == "ERROR" {
+                s.done = true;
+                s.backlog.clear();
+            }
+            return Some(Bytes::from(format!("{line}\n")));
+        }
+        if s.done {
+            return None;
+        }
+        let deadline = async {
+            match s.deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        let bookmark = async {
+            match s.bookmarks.as_mut() {
+                Some(i) => {
+                    i.tick().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = s.epoch.changed() => return None,
+            () = deadline => return None,
+            () = bookmark => {
+                let object = json!({"apiVersion": s.api_version, "kind": s.kind, "metadata": {"resourceVersion": s.last_rv.to_string()}});
+                return Some(watch_line("BOOKMARK", &object));
+            }
+            received = s.live.recv() => match received {
+                Ok(event) => {
+                    if event.rv <= s.last_rv {
+                        continue;
+                    }
+                    s.last_rv = event.rv;
+                    if let Some(line) = filter_event(&event, &s.resource, s.namespace.as_deref(), &s.labels, &s.fields) {
+                        return Some(Bytes::from(format!("{line}\n")));
+                    }
+                }
+                // Too slow: end the stream; the client re-watches from its
+                // last resourceVersion.
+                Err(_) => return None,
+            },
+        }
+    }
+}

@@ -1,0 +1,629 @@
+//! Field management and server-side apply, after Kubernetes'
+//! structured-merge-diff: every field of an object is owned by the
+//! managers that set it; an apply owns exactly the fields of its applied
+//! configuration, conflicts with other owners that hold a different value
+//! (unless forced), and removes fields it stops applying that nobody else
+//! owns. Lists merge by key where Kubernetes declares keys (containers by
+//! name, ports by port and protocol, ...), and are atomic otherwise.
+
+use std::collections::BTreeSet;
+
+use serde_json::{Map, Value};
+
+/// One step of a field path.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PathElement {
+    /// A map key: `f:name`.
+    Field(String),
+    /// A list-map item by its key fields: `k:{"name":"gw"}` (canonical JSON).
+    Key(String),
+    /// A set-list item by value: `v:"x"`.
+    Value(String),
+}
+
+/// A path from the object root.
+pub type Path = Vec<PathElement>;
+/// The fields a manager owns.
+pub type FieldSet = BTreeSet<Path>;
+
+/// Which part of an object a write addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Everything but `status` (for types with a status subresource).
+    Main,
+    /// Only `status`.
+    Status,
+    /// Everything (types without a status subresource).
+    Whole,
+}
+
+/// A manager's claim on an object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Manager {
+    pub name: String,
+    /// `Apply` or `Update`.
+    pub operation: &'static str,
+    pub subresource: Option<&'static str>,
+    pub time: String,
+    pub fields: FieldSet,
+}
+
+/// Two managers disagree on a field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Conflict {
+    pub manager: String,
+    /// `.spec.replicas` style.
+    pub field: String,
+}
+
+enum ListKind {
+    Map(&'static [(&'static str, Option<&'static str>)]),
+    Set,
+    Atomic,
+}
+
+fn list_kind(field: &str, sample: Option<&Value>) -> ListKind {
+    match field {
+        "containers"
+        | "initContainers"
+        | "ephemeralContainers"
+        | "env"
+        | "volumes"
+        | "imagePullSecrets"
+        | "hostAliases" => ListKind::Map(&[("name", None)]),
+        "volumeMounts" => ListKind::Map(&[("mountPath", None)]),
+        "ownerReferences" => ListKind::Map(&[("uid", None)]),
+        "conditions" => ListKind::Map(&[("type", None)]),
+        "topologySpreadConstraints" => {
+            ListKind::Map(&[("topologyKey", None), ("whenUnsatisfiable", None)])
+        }
+        "ports" if sample.is_some_and(|s| s.get("containerPort").is_some()) => {
+            ListKind::Map(&[("containerPort", None), ("protocol", Some("TCP"))])
+        }
+        "ports" if sample.is_some_and(|s| s.get("port").is_some()) => {
+            ListKind::Map(&[("port", None), ("protocol", Some("TCP"))])
+        }
+        "finalizers" => ListKind::Set,
+        _ => ListKind::Atomic,
+    }
+}
+
+fn item_key(item: &Value, spec: &[(&str, Option<&str>)]) -> String {
+    let mut parts: Vec<(String, Value)> = spec
+        .iter()
+        .filter_map(|(k, default)| {
+            let v =
+                item.get(*k).cloned().or_else(|| default.map(|d| Value::String(d.to_string())))?;
+            Some((k.to_string(), v))
+        })
+        .collect();
+    parts.sort_by(|a, b| a.0.cmp(&b.0));
+    let body: Vec<String> =
+        parts.iter().map(|(k, v)| format!("{}:{}", Value::String(k.clone()), v)).collect();
+    format!("{{{}}}", body.join(","))
+}
+
+fn scoped(object: &Value, scope: Scope) -> Vec<(&String, &Value)> {
+    let Some(map) = object.as_object() else { return Vec::new() };
+    map.iter()
+        .filter(|(k, _)| match k.as_str() {
+            "apiVersion" | "kind" => false,
+            "status" => scope != Scope::Main,
+            _ => scope != Scope::Status,
+        })
+        .collect()
+}
+
+/// The fields of an object (or applied configuration) within `scope`.
+pub fn field_set(object: &Value, scope: Scope) -> FieldSet {
+    let mut out = FieldSet::new();
+    for (key, value) in scoped(object, scope) {
+        let path = vec![PathElement::Field(key.clone())];
+        if key == "metadata" {
+            for (mk, mv) in value.as_object().into_iter().flatten() {
+                if matches!(
+                    mk.as_str(),
+                    "labels" | "annotations" | "ownerReferences" | "finalizers"
+                ) {
+                    let mut p = path.clone();
+                    p.push(PathElement::Field(mk.clone()));
+                    walk(mv, p, mk, &mut out);
+                }
+            }
+        } else {
+            walk(value, path, key, &mut out);
+        }
+    }
+    out
+}
+
+fn walk(value: &Value, path: Path, field: &str, out: &mut FieldSet) {
+    match value {
+        Value::Object(map) if !map.is_empty() => {
+            for (k, v) in map {
+                let mut p = path.clone();
+                p.push(PathElement::Field(k.clone()));
+                walk(v, p, k, out);
+            }
+        }
+        Value::Array(items) => match list_kind(field, items.first()) {
+            ListKind::Map(spec) => {
+                for item in items {
+                    let mut p = path.clone();
+                    p.push(PathElement::Key(item_key(item, spec)));
+                    out.insert(p.clone());
+                    for (k, v) in item.as_object().into_iter().flatten() {
+                        let mut child = p.clone();
+                        child.push(PathElement::Field(k.clone()));
+                        walk(v, child, k, out);
+                    }
+                }
+            }
+            ListKind::Set => {
+                for item in items {
+                    let mut p = path.clone();
+                    p.push(PathElement::Value(item.to_string()));
+                    out.insert(p);
+                }
+            }
+            ListKind::Atomic => {
+                out.insert(path);
+            }
+        },
+        _ => {
+            out.insert(path);
+        }
+    }
+}
+
+fn find_item<'a>(items: &'a [Value], parent_field: &str, key: &str) -> Option<usize> {
+    let ListKind::Map(spec) = list_kind(parent_field, items.first()) else { return None };
+    let _ = std::marker::PhantomData::<&'a ()>;
+    items.iter().position(|item| item_key(item, spec) == key)
+}
+
+/// The value at `path`, if present.
+pub fn value_at<'a>(object: &'a Value, path: &[PathElement]) -> Option<&'a Value> {
+    let mut current = object;
+    let mut field = "";
+    for element in path {
+        match element {
+            PathElement::Field(name) => {
+                current = current.get(name)?;
+                field = name;
+            }
+            PathElement::Key(key) => {
+                let items = current.as_array()?;
+                current = &items[find_item(items, field, key)?];
+            }
+            PathElement::Value(v) => {
+                let items = current.as_array()?;
+                current = items.iter().find(|item| item.to_string() == *v)?;
+            }
+        }
+    }
+    Some(current)
+}
+
+/// Removes the field at `path`, if present.
+pub fn remove_path(object: &mut Value, path: &[PathElement]) {
+    let Some((last, parent_path)) = path.split_last() else { return };
+    let mut field = "";
+    let mut current = object;
+    for element in parent_path {
+        let next = match element {
+            PathElement::Field(name) => {
+                field = name;
+                current.get_mut(name)
+            }
+            PathElement::Key(key) => {
+                let Some(index) = current.as_array().and_then(|items| find_item(items, field, key))
+                else {
+                    return;
+                };
+                current.get_mut(index)
+            }
+            PathElement::Value(_) => return,
+        };
+        let Some(next) = next else { return };
+        current = next;
+    }
+    match last {
+        PathElement::Field(name) => {
+            if let Some(map) = current.as_object_mut() {
+                map.remove(name);
+            }
+        }
+        PathElement::Key(key) => {
+            let index = current.as_array().and_then(|items| find_item(items, field, key));
+            if let (Some(index), Some(items)) = (index, current.as_array_mut()) {
+                items.remove(index);
+            }
+        }
+        PathElement::Value(v) => {
+            if let Some(items) = current.as_array_mut() {
+                items.retain(|item| item.to_string() != *v);
+            }
+        }
+    }
+}
+
+/// Merges an applied configuration into `live`: maps recursively, list
+/// maps by key, sets by value, everything else replaced.
+pub fn merge(live: &mut Value, applied: &Value, field: &str) {
+    match (live, applied) {
+        (Value::Object(live_map), Value::Object(applied_map)) => {
+            for (k, v) in applied_map {
+                match live_map.get_mut(k) {
+                    Some(existing) => merge(existing, v, k),
+                    None => {
+                        live_map.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (Value::Array(live_items), Value::Array(applied_items)) => {
+            match list_kind(field, applied_items.first().or(live_items.first())) {
+                ListKind::Map(spec) => {
+                    for item in applied_items {
+                        let key = item_key(item, spec);
+                        match live_items.iter_mut().find(|l| item_key(l, spec) == key) {
+                            Some(existing) => merge(existing, item, ""),
+                            None => live_items.push(item.clone()),
+                        }
+                    }
+                }
+                ListKind::Set => {
+                    for item in applied_items {
+                        if !live_items.contains(item) {
+                            live_items.push(item.clone());
+                        }
+                    }
+                }
+                ListKind::Atomic => *live_items = applied_items.clone(),
+            }
+        }
+        (live, applied) => *live = applied.clone(),
+    }
+}
+
+/// `.spec.template.spec.containers[name="gw"].image` style, for messages.
+pub fn display(path: &[PathElement]) -> String {
+    let mut out = String::new();
+    for element in path {
+        match element {
+            PathElement::Field(f) => {
+                out.push('.');
+                out.push_str(f);
+            }
+            PathElement::Key(k) => {
+                let inner: Map<String, Value> = serde_json::from_str(k).unwrap_or_default();
+                let parts: Vec<String> = inner.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                out.push_str(&format!("[{}]", parts.join(",")));
+            }
+            PathElement::Value(v) => out.push_str(&format!("[={v}]")),
+        }
+    }
+    out
+}
+
+/// `metadata.managedFields[].fieldsV1` of a field set.
+pub fn to_fields_v1(fields: &FieldSet) -> Value {
+    let mut root = Value::Object(Map::new());
+    for path in fields {
+        let mut node = &mut root;
+        for element in path {
+            let key = match element {
+                PathElement::Field(f) => format!("f:{f}"),
+                PathElement::Key(k) => format!("k:{k}"),
+                PathElement::Value(v) => format!("v:{v}"),
+            };
+            node = node
+                .as_object_mut()
+                .map(|m| m.entry(key).or_insert_with(|| Value::Object(Map::new())))
+                .unwrap_or_else(|| unreachable!());
+        }
+        if let Some(map) = node.as_object_mut() {
+            if path.iter().last().is_some_and(|e| matches!(e, PathElement::Key(_))) {
+                map.entry(".").or_insert_with(|| Value::Object(Map::new()));
+            }
+        }
+    }
+    root
+}
+
+/// Whether another manager owns `path` or anything below it.
+fn owned_by_others(managers: &[Manager], me: &str, path: &Path) -> bool {
+    managers
+        .iter()
+        .filter(|m| !(m.name == me && m.operation == "Apply"))
+        .any(|m| m.fields.range(path.clone()..).next().is_some_and(|p| p.starts_with(path)))
+}
+
+/// Applies `applied` as `manager` onto `live` (`None` creates), updating
+/// `managers`. On conflicts without `force`, nothing changes.
+pub fn apply(
+    live: Option<&Value>,
+    managers: &mut Vec<Manager>,
+    manager: &str,
+    subresource: Option<&'static str>,
+    applied: &Value,
+    force: bool,
+    scope: Scope,
+    now: &str,
+) -> Result<Value, Vec<Conflict>> {
+    let new_set = field_set(applied, scope);
+    let base = live.cloned().unwrap_or_else(|| Value::Object(Map::new()));
+    let mut conflicts = Vec::new();
+    for other in managers.iter().filter(|m| !(m.name == manager && m.operation == "Apply")) {
+        for path in other.fields.intersection(&new_set) {
+            if value_at(&base, path) != value_at(applied, path) {
+                conflicts.push((other.name.clone(), path.clone()));
+            }
+        }
+    }
+    if !conflicts.is_empty() && !force {
+        return Err(conflicts
+            .into_iter()
+            .map(|(manager, p)| Conflict { manager, field: display(&p) })
+            .collect());
+    }
+    for (name, path) in &conflicts {
+        for m in managers
+            .iter_mut()
+            .filter(|m| &m.name == name && !(m.name == manager && m.operation == "Apply"))
+        {
+            m.fields.remove(path);
+        }
+    }
+    let old_set = managers
+        .iter()
+        .find(|m| m.name == manager && m.operation == "Apply" && m.subresource == subresource)
+        .map(|m| m.fields.clone())
+        .unwrap_or_default();
+    let mut result = base;
+    // Shallowest first: removing a list item or map removes what is below.
+    let mut dropped: Vec<&Path> = old_set.difference(&new_set).collect();
+    dropped.sort_by_key(|p| p.len());
+    for path in dropped {
+        if !owned_by_others(managers, manager, path) {
+            remove_path(&mut result, path);
+        }
+    }
+    merge(&mut result, applied, "");
+    match managers
+        .iter_mut()
+        .find(|m| m.name == manager && m.operation == "Apply" && m.subresource == subresource)
+    {
+        Some(m) => {
+            if m.fields != new_set {
+                m.time = now.to_string();
+            }
+            m.fields = new_set;
+        }
+        None => managers.push(Manager {
+            name: manager.to_string(),
+            operation: "Apply",
+            subresource,
+            time: now.to_string(),
+            fields: new_set,
+        }),
+    }
+    managers.retain(|m| !m.fields.is_empty());
+    Ok(result)
+}
+
+/// Records a non-apply write (create, update, patch) by `manager`: it now
+/// owns the fields it changed; fields it removed are owned by nobody.
+pub fn record_update(
+    old: Option<&Value>,
+    new: &Value,
+    managers: &mut Vec<Manager>,
+    manager: &str,
+    subresource: Option<&'static str>,
+    scope: Scope,
+    now: &str,
+) {
+    let new_fields = field_set(new, scope);
+    let old_fields = old.map(|o| field_set(o, scope)).unwrap_or_default();
+    let empty = Value::Object(Map::new());
+    let old_value = old.unwrap_or(&empty);
+    let changed: FieldSet =
+        new_fields.iter().filter(|p| value_at(old_value, p) != value_at(new, p)).cloned().collect();
+    let removed: FieldSet = old_fields.difference(&new_fields).cloned().collect();
+    if changed.is_empty() && removed.is_empty() {
+        return;
+    }
+    for m in managers.iter_mut() {
+        m.fields.retain(|p| !changed.contains(p) && !removed.contains(p));
+    }
+    if !changed.is_empty() {
+        match managers
+            .iter_mut()
+            .find(|m| m.name == manager && m.operation == "Update" && m.subresource == subresource)
+        {
+            Some(m) => {
+                m.fields.extend(changed);
+                m.time = now.to_string();
+            }
+            None => managers.push(Manager {
+                name: manager.to_string(),
+                operation: "Update",
+                subresource,
+                time: now.to_string(),
+                fields: changed,
+            }),
+        }
+    }
+    managers.retain(|m| !m.fields.is_empty());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn deployment(image: &str, replicas: Option<i64>) -> Value {
+        let mut d = json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "gw", "labels": {"app": "gw"}},
+            "spec": {"template": {"spec": {"containers": [
+                {"name": "gw", "image": image, "ports": [{"containerPort": 8080}]},
+                {"name": "sup", "image": "sup:1"}
+            ]}}}
+        });
+        if let Some(r) = replicas {
+            d["spec"]["replicas"] = json!(r);
+        }
+        d
+    }
+
+    #[test]
+    fn field_sets_use_list_keys() {
+        let set = field_set(&deployment("gw:1", Some(2)), Scope::Main);
+        let rendered = to_fields_v1(&set);
+        let containers = &rendered["f:spec"]["f:template"]["f:spec"]["f:containers"];
+        assert!(containers["k:{\"name\":\"gw\"}"]["f:image"].is_object());
+        assert!(containers["k:{\"name\":\"gw\"}"]["."].is_object());
+        let port = &containers["k:{\"name\":\"gw\"}"]["f:ports"]
+            ["k:{\"containerPort\":8080,\"protocol\":\"TCP\"}"];
+        assert!(port["f:containerPort"].is_object());
+        assert!(rendered["f:metadata"]["f:labels"]["f:app"].is_object());
+        assert!(rendered["f:metadata"].get("f:name").is_none());
+    }
+
+    #[test]
+    fn apply_conflicts_force_and_removal() {
+        let mut managers = Vec::new();
+        let live = apply(
+            None,
+            &mut managers,
+            "a",
+            None,
+            &deployment("gw:1", Some(2)),
+            false,
+            Scope::Main,
+            "t",
+        )
+        .unwrap();
+        // Same values: shared ownership, no conflict.
+        let live = apply(
+            Some(&live),
+            &mut managers,
+            "b",
+            None,
+            &deployment("gw:1", Some(2)),
+            false,
+            Scope::Main,
+            "t",
+        )
+        .unwrap();
+        // b changes replicas: conflicts with a.
+        let conflicts = apply(
+            Some(&live),
+            &mut managers,
+            "b",
+            None,
+            &deployment("gw:1", Some(3)),
+            false,
+            Scope::Main,
+            "t",
+        )
+        .unwrap_err();
+        assert_eq!(conflicts, [Conflict { manager: "a".into(), field: ".spec.replicas".into() }]);
+        let live = apply(
+            Some(&live),
+            &mut managers,
+            "b",
+            None,
+            &deployment("gw:1", Some(3)),
+            true,
+            Scope::Main,
+            "t",
+        )
+        .unwrap();
+        assert_eq!(live["spec"]["replicas"], 3);
+        // a stops applying replicas: b still owns it, so it stays.
+        let live = apply(
+            Some(&live),
+            &mut managers,
+            "a",
+            None,
+            &deployment("gw:1", None),
+            false,
+            Scope::Main,
+            "t",
+        )
+        .unwrap();
+        assert_eq!(live["spec"]["replicas"], 3);
+        // b stops too: nobody owns it, so it goes.
+        let live = apply(
+            Some(&live),
+            &mut managers,
+            "b",
+            None,
+            &deployment("gw:1", None),
+            false,
+            Scope::Main,
+            "t",
+        )
+        .unwrap();
+        assert!(live["spec"].get("replicas").is_none());
+    }
+
+    #[test]
+    fn dropping_a_list_item_removes_it() {
+        let mut managers = Vec::new();
+        let live = apply(
+            None,
+            &mut managers,
+            "a",
+            None,
+            &deployment("gw:1", None),
+            false,
+            Scope::Main,
+            "t",
+        )
+        .unwrap();
+        let mut one = deployment("gw:2", None);
+        one["spec"]["template"]["spec"]["containers"].as_array_mut().unwrap().pop();
+        let live =
+            apply(Some(&live), &mut managers, "a", None, &one, false, Scope::Main, "t").unwrap();
+        let containers = live["spec"]["template"]["spec"]["containers"].as_array().unwrap();
+        assert_eq!(containers.len(), 1);
+        assert_eq!(containers[0]["image"], "gw:2");
+    }
+
+    #[test]
+    fn updates_take_ownership() {
+        let mut managers = Vec::new();
+        let live = apply(
+            None,
+            &mut managers,
+            "a",
+            None,
+            &deployment("gw:1", Some(2)),
+            false,
+            Scope::Main,
+            "t",
+        )
+        .unwrap();
+        let mut scaled = live.clone();
+        scaled["spec"]["replicas"] = json!(5);
+        record_update(Some(&live), &scaled, &mut managers, "kubectl-scale", None, Scope::Main, "t");
+        let scaler = managers.iter().find(|m| m.name == "kubectl-scale").unwrap();
+        assert_eq!(scaler.fields.len(), 1);
+        let conflicts = apply(
+            Some(&scaled),
+            &mut managers,
+            "a",
+            None,
+            &deployment("gw:1", Some(2)),
+            false,
+            Scope::Main,
+            "t",
+        )
+        .unwrap_err();
+        assert_eq!(conflicts[0].manager, "kubectl-scale");
+    }
+}

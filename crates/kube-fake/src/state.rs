@@ -1,0 +1,897 @@
+//! The fake API server's state: objects, one resourceVersion counter, the
+//! event history for watches, managed fields, finalizers and garbage
+//! collection. Every operation runs under one lock, as one etcd
+//! transaction would.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+use tokio::sync::broadcast;
+
+use crate::resources::{self, ResourceType};
+use crate::ssa::{self, Manager, Scope};
+use crate::util::{now_rfc3339, FieldSelector, LabelSelector};
+
+/// An error answered as a Kubernetes `Status`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub code: u16,
+    pub reason: &'static str,
+    pub message: String,
+    pub details: Option<Value>,
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+        Self { code, reason, message: message.into(), details: None, retry_after: None }
+    }
+
+    pub fn not_found(rt: &ResourceType, name: &str) -> Self {
+        let resource = if rt.group.is_empty() {
+            rt.plural.to_string()
+        } else {
+            format!("{}.{}", rt.plural, rt.group)
+        };
+        let mut e = Self::new(404, "NotFound", format!("{resource} \"{name}\" not found"));
+        e.details = Some(json!({"name": name, "group": rt.group, "kind": rt.plural}));
+        e
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, "BadRequest", message)
+    }
+
+    /// The `Status` body.
+    pub fn to_status(&self) -> Value {
+        let mut status = json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": self.message, "reason": self.reason, "code": self.code,
+        });
+        if let Some(details) = &self.details {
+            status["details"] = details.clone();
+        }
+        status
+    }
+}
+
+/// Identity of a stored object: resource (`group/plural`), namespace, name.
+pub type ObjectKey = (String, String, String);
+
+fn resource_key(rt: &ResourceType) -> String {
+    format!("{}/{}", rt.group, rt.plural)
+}
+
+/// A stored object and who manages which of its fields.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    pub value: Value,
+    pub managers: Vec<Manager>,
+}
+
+/// One change, as watches deliver it.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub rv: u64,
+    pub resource: String,
+    pub namespace: String,
+    /// ADDED, MODIFIED or DELETED.
+    pub kind: &'static str,
+    pub object: Value,
+    /// Labels before the change (to tell a selector-filtered watch that an
+    /// object left its selection).
+    pub prev_labels: Option<Value>,
+}
+
+/// One request, as a test reads it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestRecord {
+    /// get, list, watch, create, update, patch, apply, delete.
+    pub verb: String,
+    /// `group/plural` (`/configmaps` for the core group).
+    pub resource: String,
+    pub namespace: String,
+    pub name: String,
+    pub subresource: String,
+    pub field_manager: String,
+}
+
+impl RequestRecord {
+    /// Whether this request could change state.
+    pub fn is_write(&self) -> bool {
+        matches!(self.verb.as_str(), "create" | "update" | "patch" | "apply" | "delete")
+    }
+}
+
+/// What a fault does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FaultAction {
+    /// Answer this status code (429 gets `Retry-After`).
+    Status { code: u16, retry_after: Option<u64> },
+    /// Delay the request.
+    Latency(Duration),
+}
+
+/// A fault injected by a test: which requests, what happens, how often.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FaultRule {
+    pub verb: Option<String>,
+    /// `group/plural`, e.g. `apps/deployments` or `/configmaps`.
+    pub resource: Option<String>,
+    pub action: FaultAction,
+    /// Probability per matching request.
+    pub rate: f64,
+    /// Remaining injections; `None` is unlimited.
+    pub remaining: Option<u32>,
+}
+
+/// Deployment rollout simulation settings.
+#[derive(Debug, Clone, Default)]
+pub struct RolloutConfig {
+    pub delay: Duration,
+    /// `namespace/name` of Deployments whose rollouts stall.
+    pub stalled: BTreeSet<String>,
+}
+
+/// Everything behind the lock.
+#[derive(Debug)]
+pub struct State {
+    rv: u64,
+    pub objects: BTreeMap<ObjectKey, Stored>,
+    events: VecDeque<Arc<Event>>,
+    history: usize,
+    compacted: u64,
+    pub sender: broadcast::Sender<Arc<Event>>,
+    pub requests: Vec<RequestRecord>,
+    pub faults: Vec<FaultRule>,
+    pub expire_next_watches: u32,
+    pub rollout: RolloutConfig,
+    /// Deployments waiting for their simulated rollout: key -> due time.
+    pub pending_rollouts: BTreeMap<ObjectKey, tokio::time::Instant>,
+}
+
+/// The outcome of a write.
+pub type Written = Result<Value, ApiError>;
+
+impl State {
+    pub fn new(history: usize) -> Self {
+        let (sender, _) = broadcast::channel(16_384);
+        let mut state = State {
+            rv: 0,
+            objects: BTreeMap::new(),
+            events: VecDeque::new(),
+            history,
+            compacted: 0,
+            sender,
+            requests: Vec::new(),
+            faults: Vec::new(),
+            expire_next_watches: 0,
+            rollout: RolloutConfig::default(),
+            pending_rollouts: BTreeMap::new(),
+        };
+        let Some(ns) = resources::find("", "v1", "namespaces") else { return state };
+        for name in ["default", "kube-system", "kube-public"] {
+            let body = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+            let _ = state.create(ns, "", body, "kube-apiserver");
+        }
+        state
+    }
+
+    /// The newest resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.rv
+    }
+
+    /// Oldest resourceVersion a watch may start from.
+    pub fn compacted(&self) -> u64 {
+        self.compacted
+    }
+
+    fn key(rt: &ResourceType, namespace: &str, name: &str) -> ObjectKey {
+        (
+            resource_key(rt),
+            if rt.namespaced { namespace.to_string() } else { String::new() },
+            name.to_string(),
+        )
+    }
+
+    /// The object as clients see it, with `managedFields`.
+    pub fn render(stored: &Stored) -> Value {
+        let mut value = stored.value.clone();
+        let managed: Vec<Value> = stored
+            .managers
+            .iter()
+            .map(|m| {
+                let mut entry = json!({
+                    "manager": m.name, "operation": m.operation,
+                    "apiVersion": value["apiVersion"].clone(), "time": m.time,
+                    "fieldsType": "FieldsV1", "fieldsV1": ssa::to_fields_v1(&m.fields),
+                });
+                if let Some(sub) = m.subresource {
+                    entry["subresource"] = json!(sub);
+                }
+                entry
+            })
+            .collect();
+        if !managed.is_empty() {
+            value["metadata"]["managedFields"] = Value::Array(managed);
+        }
+        value
+    }
+
+    fn commit(
+        &mut self,
+        key: &ObjectKey,
+        kind: &'static str,
+        mut stored: Stored,
+        prev_labels: Option<Value>,
+    ) -> Value {
+        self.rv += 1;
+        stored.value["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        let rendered = Self::render(&stored);
+        let event = Arc::new(Event {
+            rv: self.rv,
+            resource: key.0.clone(),
+            namespace: key.1.clone(),
+            kind,
+            object: rendered.clone(),
+            prev_labels,
+        });
+        if kind == "DELETED" {
+            self.objects.remove(key);
+        } else {
+            self.objects.insert(key.clone(), stored);
+        }
+        self.events.push_back(event.clone());
+        while self.events.len() > self.history {
+            if let Some(old) = self.events.pop_front() {
+                self.compacted = old.rv;
+            }
+        }
+        let _ = self.sender.send(event);
+        if key.0 == "apps/deployments" && kind != "DELETED" {
+            self.schedule_rollout(key);
+        }
+        rendered
+    }
+
+    /// Drops all retained history: every watch from an older version gets
+    /// 410 Gone.
+    pub fn compact_all(&mut self) {
+        self.events.clear();
+        self.compacted = self.rv;
+    }
+
+    fn schedule_rollout(&mut self, key: &ObjectKey) {
+        let Some(stored) = self.objects.get(key) else { return };
+        let generation = stored.value["metadata"]["generation"].as_i64().unwrap_or(0);
+        let observed = stored.value["status"]["observedGeneration"].as_i64().unwrap_or(0);
+        if generation != observed && stored.value["metadata"].get("deletionTimestamp").is_none() {
+            let due = tokio::time::Instant::now() + self.rollout.delay;
+            self.pending_rollouts.entry(key.clone()).or_insert(due);
+        }
+    }
+
+    /// Events after `rv` for a watch, or `None` when that history is gone.
+    pub fn events_after(&self, rv: u64) -> Option<Vec<Arc<Event>>> {
+        if rv < self.compacted {
+            return None;
+        }
+        Some(self.events.iter().filter(|e| e.rv > rv).cloned().collect())
+    }
+
+    pub fn get(&self, rt: &ResourceType, namespace: &str, name: &str) -> Written {
+        let key = Self::key(rt, namespace, name);
+        self.objects.get(&key).map(Self::render).ok_or_else(|| ApiError::not_found(rt, name))
+    }
+
+    /// Objects of a type (one namespace or all), filtered, in key order.
+    pub fn matching(
+        &self,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        labels: &LabelSelector,
+        fields: &FieldSelector,
+    ) -> Vec<(ObjectKey, Value)> {
+        let resource = resource_key(rt);
+        self.objects
+            .iter()
+            .filter(|(k, _)| k.0 == resource && namespace.is_none_or(|ns| k.1 == ns))
+            .filter(|(_, o)| {
+                labels.matches(&o.value["metadata"]["labels"]) && fields.matches(&o.value)
+            })
+            .map(|(k, o)| (k.clone(), Self::render(o)))
+            .collect()
+    }
+
+    fn check_namespace(&self, rt: &ResourceType, namespace: &str) -> Result<(), ApiError> {
+        if !rt.namespaced {
+            return Ok(());
+        }
+        let key = ("/namespaces".to_string(), String::new(), namespace.to_string());
+        match self.objects.get(&key) {
+            None => {
+                let mut e = ApiError::new(404, "NotFound", format!("namespaces \"{namespace}\" not found"));
+                e.details = Some(json!({"name": namespace, "kind": "namespaces"}));
+                Err(e)
+            }
+            Some(ns) if ns.value["metadata"].get("deletionTimestamp").is_some() => Err(ApiError::new(
+                403,
+                "Forbidden",
+                format!("unable to create new content in namespace {namespace} because it is being terminated"),
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Sets the fields the server owns on a write: identity, timestamps,
+    /// generation, and keeps what the scope may not change.
+    fn prepare(
+        rt: &ResourceType,
+        namespace: &str,
+        old: Option<&Value>,
+        new: &mut Value,
+        scope: Scope,
+    ) -> Result<(), ApiError> {
+        if !new.is_object() {
+            return Err(ApiError::bad_request("the body must be a JSON object"));
+        }
+        if let Some(api_version) = new.get("apiVersion").and_then(Value::as_str) {
+            if api_version != rt.api_version() {
+                return Err(ApiError::bad_request(format!(
+                    "apiVersion {api_version} does not match {}",
+                    rt.api_version()
+                )));
+            }
+        }
+        if let Some(kind) = new.get("kind").and_then(Value::as_str) {
+            if kind != rt.kind {
+                return Err(ApiError::bad_request(format!(
+                    "kind {kind} does not match {}",
+                    rt.kind
+                )));
+            }
+        }
+        new["apiVersion"] = json!(rt.api_version());
+        new["kind"] = json!(rt.kind);
+        if !new.get("metadata").is_some_and(Value::is_object) {
+            new["metadata"] = json!({});
+        }
+        if let Some(old) = old {
+            match scope {
+                Scope::Main => {
+                    if let Some(status) = old.get("status") {
+                        new["status"] = status.clone();
+                    } else if let Some(map) = new.as_object_mut() {
+                        map.remove("status");
+                    }
+                }
+                Scope::Status => {
+                    let status = new.get("status").cloned();
+                    *new = old.clone();
+                    match status {
+                        Some(s) => new["status"] = s,
+                        None => {
+                            if let Some(map) = new.as_object_mut() {
+                                map.remove("status");
+                            }
+                        }
+                    }
+                }
+                Scope::Whole => {}
+            }
+        } else if scope == Scope::Main {
+            if let Some(map) = new.as_object_mut() {
+                map.remove("status");
+            }
+        }
+        let meta = new["metadata"]
+            .as_object_mut()
+            .ok_or_else(|| ApiError::bad_request("metadata must be an object"))?;
+        meta.remove("managedFields");
+        meta.remove("selfLink");
+        if rt.namespaced {
+            meta.insert("namespace".into(), json!(namespace));
+        } else {
+            meta.remove("namespace");
+        }
+        let keep = |field: &str| old.and_then(|o| o["metadata"].get(field)).cloned();
+        for field in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds"]
+        {
+            match keep(field) {
+                Some(v) => {
+                    meta.insert(field.into(), v);
+                }
+                None => {
+                    meta.remove(field);
+                }
+            }
+        }
+        if old.is_none() {
+            meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
+            meta.insert("creationTimestamp".into(), json!(now_rfc3339()));
+        }
+        if rt.has_generation() {
+            let old_generation = old.and_then(|o| o["metadata"]["generation"].as_i64());
+            let spec_changed = old.is_some_and(|o| o.get("spec") != new.get("spec"));
+            let generation = match old_generation {
+                None => 1,
+                Some(g) if spec_changed => g + 1,
+                Some(g) => g,
+            };
+            new["metadata"]["generation"] = json!(generation);
+        } else if let Some(meta) = new["metadata"].as_object_mut() {
+            meta.remove("generation");
+        }
+        Ok(())
+    }
+
+    fn scope(rt: &ResourceType, subresource: Option<&str>) -> Scope {
+        match (rt.status_subresource, subresource) {
+            (true, Some("status")) => Scope::Status,
+            (true, _) => Scope::Main,
+            (false, _) => Scope::Whole,
+        }
+    }
+
+    fn name_of(body: &Value) -> Result<String, ApiError> {
+        let name = body["metadata"]["name"].as_str().unwrap_or("");
+        if name.is_empty() {
+            if let Some(prefix) =
+                body["metadata"]["generateName"].as_str().filter(|p| !p.is_empty())
+            {
+                let suffix: String =
+                    (0..5).map(|_| fastrand::alphanumeric().to_ascii_lowercase()).collect();
+                return Ok(format!("{prefix}{suffix}"));
+            }
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                "metadata.name: Required value: name or generateName is required",
+            ));
+        }
+        let valid = name.len() <= 253
+            && name.split('.').all(|l| {
+                !l.is_empty()
+                    && l.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            });
+        if !valid {
+            return Err(ApiError::new(422, "Invalid", format!("metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'")));
+        }
+        Ok(name.to_string())
+    }
+
+    pub fn create(
+        &mut self,
+        rt: &ResourceType,
+        namespace: &str,
+        mut body: Value,
+        manager: &str,
+    ) -> Written {
+        let name = Self::name_of(&body)?;
+        self.check_namespace(rt, namespace)?;
+        let key = Self::key(rt, namespace, &name);
+        if self.objects.contains_key(&key) {
+            let mut e = ApiError::new(
+                409,
+                "AlreadyExists",
+                format!("{} \"{name}\" already exists", rt.plural),
+            );
+            e.details = Some(json!({"name": name, "kind": rt.plural}));
+            return Err(e);
+        }
+        body["metadata"]["name"] = json!(name);
+        let scope = Self::scope(rt, None);
+        Self::prepare(rt, namespace, None, &mut body, scope)?;
+        let mut managers = Vec::new();
+        ssa::record_update(None, &body, &mut managers, manager, None, scope, &now_rfc3339());
+        Ok(self.commit(&key, "ADDED", Stored { value: body, managers }, None))
+    }
+
+    fn existing(
+        &self,
+        rt: &ResourceType,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(ObjectKey, Stored), ApiError> {
+        let key = Self::key(rt, namespace, name);
+        let stored =
+            self.objects.get(&key).cloned().ok_or_else(|| ApiError::not_found(rt, name))?;
+        Ok((key, stored))
+    }
+
+    /// Stores a new version of an existing object; removes it when it was
+    /// being deleted and has no finalizers left.
+    fn replace(&mut self, key: &ObjectKey, old: &Stored, new: Stored) -> Value {
+        if new.value == old.value && new.managers == old.managers {
+            return Self::render(old);
+        }
+        let prev_labels = Some(old.value["metadata"]["labels"].clone());
+        let deleting = new.value["metadata"].get("deletionTimestamp").is_some();
+        let no_finalizers =
+            new.value["metadata"]["finalizers"].as_array().is_none_or(Vec::is_empty);
+        let rendered = if deleting && no_finalizers {
+            self.commit(key, "DELETED", new, prev_labels)
+        } else {
+            self.commit(key, "MODIFIED", new, prev_labels)
+        };
+        self.collect_garbage();
+        rendered
+    }
+
+    fn check_preconditions(
+        stored: &Value,
+        body_rv: Option<&str>,
+        uid: Option<&str>,
+    ) -> Result<(), ApiError> {
+        let current = stored["metadata"]["resourceVersion"].as_str().unwrap_or("");
+        if let Some(rv) = body_rv.filter(|rv| !rv.is_empty()) {
+            if rv != current {
+                let name = stored["metadata"]["name"].as_str().unwrap_or("");
+                return Err(ApiError::new(
+                    409,
+                    "Conflict",
+                    format!("Operation cannot be fulfilled on {name}: the object has been modified; please apply your changes to the latest version and try again"),
+                ));
+            }
+        }
+        if let Some(uid) = uid.filter(|u| !u.is_empty()) {
+            if stored["metadata"]["uid"].as_str() != Some(uid) {
+                return Err(ApiError::new(
+                    409,
+                    "Conflict",
+                    "Precondition failed: UID in precondition does not match the object",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn update(
+        &mut self,
+        rt: &ResourceType,
+        namespace: &str,
+        name: &str,
+        mut body: Value,
+        manager: &str,
+        subresource: Option<&'static str>,
+    ) -> Written {
+        let (key, old) = self.existing(rt, namespace, name)?;
+        if body["metadata"]["name"].as_str().is_some_and(|n| n != name) {
+            return Err(ApiError::bad_request(
+                "the name of the object does not match the name in the URL",
+            ));
+        }
+        Self::check_preconditions(
+            &old.value,
+            body["metadata"]["resourceVersion"].as_str(),
+            body["metadata"]["uid"].as_str(),
+        )?;
+        body["metadata"]["name"] = json!(name);
+        let scope = Self::scope(rt, subresource);
+        Self::prepare(rt, namespace, Some(&old.value), &mut body, scope)?;
+        let deleting = old.value["metadata"].get("deletionTimestamp").is_some();
+        let added_finalizer = body["metadata"]["finalizers"].as_array().is_some_and(|new| {
+            new.iter().any(|f| {
+                !old.value["metadata"]["finalizers"].as_array().is_some_and(|o| o.contains(f))
+            })
+        });
+        if deleting && added_finalizer {
+            return Err(ApiError::new(422, "Invalid", "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted"));
+        }
+        let mut managers = old.managers.clone();
+        ssa::record_update(
+            Some(&old.value),
+            &body,
+            &mut managers,
+            manager,
+            subresource,
+            scope,
+            &now_rfc3339(),
+        );
+        body["metadata"]["resourceVersion"] = old.value["metadata"]["resourceVersion"].clone();
+        Ok(self.replace(&key, &old, Stored { value: body, managers }))
+    }
+
+    pub fn merge_patch(
+        &mut self,
+        rt: &ResourceType,
+        namespace: &str,
+        name: &str,
+        patch: &Value,
+        manager: &str,
+        subresource: Option<&'static str>,
+    ) -> Written {
+        let (_, old) = self.existing(rt, namespace, name)?;
+        let mut body = old.value.clone();
+        json_merge_patch(&mut body, patch);
+        let rv = patch["metadata"]["resourceVersion"].as_str();
+        if rv.is_none() {
+            body["metadata"]["resourceVersion"] = Value::Null;
+        }
+        self.update(rt, namespace, name, body, manager, subresource)
+    }
+
+    pub fn apply(
+        &mut self,
+        rt: &ResourceType,
+        namespace: &str,
+        name: &str,
+        mut applied: Value,
+        manager: &str,
+        force: bool,
+        subresource: Option<&'static str>,
+    ) -> Written {
+        if manager.is_empty() {
+            return Err(ApiError::bad_request(
+                "PATCH, application/apply-patch+yaml: fieldManager is required for apply requests",
+            ));
+        }
+        if applied["metadata"]["name"].as_str().is_some_and(|n| n != name) {
+            return Err(ApiError::bad_request(
+                "the name of the object does not match the name in the URL",
+            ));
+        }
+        if applied.get("apiVersion").is_none() || applied.get("kind").is_none() {
+            return Err(ApiError::bad_request(
+                "apiVersion and kind are required in an applied configuration",
+            ));
+        }
+        applied["metadata"]["name"] = json!(name);
+        let scope = Self::scope(rt, subresource);
+        let key = Self::key(rt, namespace, name);
+        let old = self.objects.get(&key).cloned();
+        if old.is_none() {
+            self.check_namespace(rt, namespace)?;
+        }
+        let mut managers = old.as_ref().map(|o| o.managers.clone()).unwrap_or_default();
+        let now = now_rfc3339();
+        let merged = ssa::apply(old.as_ref().map(|o| &o.value), &mut managers, manager, subresource, &applied, force, scope, &now)
+            .map_err(|conflicts| {
+                let causes: Vec<Value> = conflicts
+                    .iter()
+                    .map(|c| json!({"type": "FieldManagerConflict", "message": format!("conflict with \"{}\"", c.manager), "field": c.field}))
+                    .collect();
+                let summary: Vec<String> = conflicts.iter().map(|c| format!("conflict with \"{}\": {}", c.manager, c.field)).collect();
+                let mut e = ApiError::new(409, "Conflict", format!("Apply failed with {} conflict(s): {}", conflicts.len(), summary.join(", ")));
+                e.details = Some(json!({"name": name, "kind": rt.plural, "causes": causes}));
+                e
+            })?;
+        let mut value = merged;
+        Self::prepare(rt, namespace, old.as_ref().map(|o| &o.value), &mut value, scope)?;
+        match old {
+            None => Ok(self.commit(&key, "ADDED", Stored { value, managers }, None)),
+            Some(old) => {
+                value["metadata"]["resourceVersion"] =
+                    old.value["metadata"]["resourceVersion"].clone();
+                Ok(self.replace(&key, &old, Stored { value, managers }))
+            }
+        }
+    }
+
+    /// Deletes with optional preconditions and a propagation policy
+    /// (Background default, Foreground, Orphan).
+    pub fn delete(
+        &mut self,
+        rt: &ResourceType,
+        namespace: &str,
+        name: &str,
+        options: &Value,
+        policy: &str,
+    ) -> Written {
+        let (key, old) = self.existing(rt, namespace, name)?;
+        Self::check_preconditions(
+            &old.value,
+            options["preconditions"]["resourceVersion"].as_str(),
+            options["preconditions"]["uid"].as_str(),
+        )?;
+        let mut new = old.clone();
+        let meta = &mut new.value["metadata"];
+        let already = meta.get("deletionTimestamp").is_some();
+        if !already {
+            meta["deletionTimestamp"] = json!(now_rfc3339());
+            meta["deletionGracePeriodSeconds"] = json!(0);
+        }
+        let mut finalizers: Vec<Value> = meta["finalizers"].as_array().cloned().unwrap_or_default();
+        let uid = meta["uid"].as_str().unwrap_or("").to_string();
+        let policy = if policy.is_empty() {
+            options["propagationPolicy"].as_str().unwrap_or("Background")
+        } else {
+            policy
+        };
+        if policy == "Foreground" && !already && self.has_dependents(&uid) {
+            finalizers.push(json!("foregroundDeletion"));
+        }
+        if policy == "Orphan" {
+            self.orphan_dependents(&uid);
+        }
+        meta["finalizers"] = Value::Array(finalizers.clone());
+        if finalizers.is_empty() {
+            if let Some(m) = new.value["metadata"].as_object_mut() {
+                m.remove("finalizers");
+            }
+        }
+        if rt.kind == "Namespace" {
+            self.delete_namespace_contents(name);
+        }
+        let rendered = if already && new.value == old.value {
+            Self::render(&old)
+        } else if finalizers.is_empty() {
+            self.commit(&key, "DELETED", new, Some(old.value["metadata"]["labels"].clone()))
+        } else {
+            self.commit(&key, "MODIFIED", new, Some(old.value["metadata"]["labels"].clone()))
+        };
+        self.collect_garbage();
+        Ok(rendered)
+    }
+
+    fn delete_namespace_contents(&mut self, namespace: &str) {
+        let keys: Vec<ObjectKey> =
+            self.objects.keys().filter(|k| k.1 == namespace).cloned().collect();
+        for key in keys {
+            if let Some(stored) = self.objects.get(&key).cloned() {
+                let labels = stored.value["metadata"]["labels"].clone();
+                self.commit(&key, "DELETED", stored, Some(labels));
+            }
+        }
+    }
+
+    fn has_dependents(&self, uid: &str) -> bool {
+        self.objects.values().any(|o| owner_uids(&o.value).any(|u| u == uid))
+    }
+
+    fn orphan_dependents(&mut self, uid: &str) {
+        let keys: Vec<ObjectKey> = self
+            .objects
+            .iter()
+            .filter(|(_, o)| owner_uids(&o.value).any(|u| u == uid))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            let Some(old) = self.objects.get(&key).cloned() else { continue };
+            let mut new = old.clone();
+            if let Some(refs) = new.value["metadata"]["ownerReferences"].as_array_mut() {
+                refs.retain(|r| r["uid"].as_str() != Some(uid));
+            }
+            self.commit(&key, "MODIFIED", new, Some(old.value["metadata"]["labels"].clone()));
+        }
+    }
+
+    /// Deletes dependents whose owners are gone or being deleted in the
+    /// foreground, and finishes foreground deletions with no dependents.
+    pub fn collect_garbage(&mut self) {
+        loop {
+            let live_uids: BTreeSet<String> = self
+                .objects
+                .values()
+                .filter(|o| !is_foreground_deleting(&o.value))
+                .filter_map(|o| o.value["metadata"]["uid"].as_str().map(String::from))
+                .collect();
+            let orphan = self.objects.iter().find(|(_, o)| {
+                let mut owners = owner_uids(&o.value).peekable();
+                owners.peek().is_some()
+                    && owners.all(|u| !live_uids.contains(u))
+                    && o.value["metadata"].get("deletionTimestamp").is_none()
+            });
+            if let Some((key, stored)) = orphan.map(|(k, s)| (k.clone(), s.clone())) {
+                let mut new = stored.clone();
+                new.value["metadata"]["deletionTimestamp"] = json!(now_rfc3339());
+                let labels = stored.value["metadata"]["labels"].clone();
+                let finalizers =
+                    new.value["metadata"]["finalizers"].as_array().is_some_and(|f| !f.is_empty());
+                self.commit(
+                    &key,
+                    if finalizers { "MODIFIED" } else { "DELETED" },
+                    new,
+                    Some(labels),
+                );
+                continue;
+            }
+            let finished = self.objects.iter().find(|(_, o)| {
+                is_foreground_deleting(&o.value)
+                    && !self.has_dependents(o.value["metadata"]["uid"].as_str().unwrap_or(""))
+            });
+            if let Some((key, stored)) = finished.map(|(k, s)| (k.clone(), s.clone())) {
+                let mut new = stored.clone();
+                if let Some(f) = new.value["metadata"]["finalizers"].as_array_mut() {
+                    f.retain(|f| f != "foregroundDeletion");
+                }
+                let empty =
+                    new.value["metadata"]["finalizers"].as_array().is_none_or(Vec::is_empty);
+                let labels = stored.value["metadata"]["labels"].clone();
+                self.commit(&key, if empty { "DELETED" } else { "MODIFIED" }, new, Some(labels));
+                continue;
+            }
+            return;
+        }
+    }
+
+    /// The Deployment controller's status write for a finished (or
+    /// stalled) rollout.
+    pub fn complete_rollout(&mut self, key: &ObjectKey) {
+        let Some(old) = self.objects.get(key).cloned() else { return };
+        let value = &old.value;
+        let generation = value["metadata"]["generation"].as_i64().unwrap_or(1);
+        let replicas = value["spec"]["replicas"].as_i64().unwrap_or(1);
+        let stalled = self.rollout.stalled.contains(&format!("{}/{}", key.1, key.2));
+        let now = now_rfc3339();
+        let (available, progressing) = if stalled {
+            (
+                json!({"type": "Available", "status": if replicas == 0 { "True" } else { "False" }, "reason": "MinimumReplicasUnavailable", "message": "Deployment does not have minimum availability.", "lastUpdateTime": now, "lastTransitionTime": now}),
+                json!({"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": format!("ReplicaSet \"{}\" has timed out progressing.", key.2), "lastUpdateTime": now, "lastTransitionTime": now}),
+            )
+        } else {
+            (
+                json!({"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable", "message": "Deployment has minimum availability.", "lastUpdateTime": now, "lastTransitionTime": now}),
+                json!({"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable", "message": format!("ReplicaSet \"{}\" has successfully progressed.", key.2), "lastUpdateTime": now, "lastTransitionTime": now}),
+            )
+        };
+        let ready = if stalled { 0 } else { replicas };
+        let mut status = json!({
+            "observedGeneration": generation,
+            "replicas": replicas,
+            "updatedReplicas": if stalled { 0 } else { replicas },
+            "readyReplicas": ready,
+            "availableReplicas": ready,
+            "conditions": [available, progressing],
+        });
+        if !stalled && replicas > 0 {
+            status["unavailableReplicas"] = Value::Null;
+        }
+        if let Some(m) = status.as_object_mut() {
+            m.retain(|_, v| !v.is_null());
+        }
+        let mut new = old.clone();
+        new.value["status"] = status;
+        ssa::record_update(
+            Some(&old.value),
+            &new.value,
+            &mut new.managers,
+            "kube-controller-manager",
+            Some("status"),
+            Scope::Status,
+            &now,
+        );
+        self.replace(key, &old, new);
+    }
+}
+
+fn owner_uids(value: &Value) -> impl Iterator<Item = &str> {
+    value["metadata"]["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["uid"].as_str())
+}
+
+fn is_foreground_deleting(value: &Value) -> bool {
+    value["metadata"]["finalizers"]
+        .as_array()
+        .is_some_and(|f| f.iter().any(|f| f == "foregroundDeletion"))
+        && value["metadata"].get("deletionTimestamp").is_some()
+}
+
+/// RFC 7386 JSON merge patch.
+pub fn json_merge_patch(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(patch_map) => {
+            if !target.is_object() {
+                *target = Value::Object(Map::new());
+            }
+            if let Some(target_map) = target.as_object_mut() {
+                for (k, v) in patch_map {
+                    if v.is_null() {
+                        target_map.remove(k);
+                    } else {
+                        json_merge_patch(target_map.entry(k.clone()).or_insert(Value::Null), v);
+                    }
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
