@@ -43,6 +43,8 @@ impl ResourceType {
     }
 }
 
+/// Table row constructor, so the table below reads as one line per type.
+#[allow(clippy::too_many_arguments)]
 const fn rt(
     group: &'static str,
     version: &'static str,

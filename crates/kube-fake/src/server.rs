@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use tokio::sync::{broadcast, watch, Notify};
 
 use crate::resources::{self, ResourceType};
-use crate::state::{ApiError, Event, FaultAction, RequestRecord, State};
+use crate::state::{ApiError, ApplyOptions, Event, FaultAction, RequestRecord, State};
 use crate::util::{parse_query, FieldSelector, LabelSelector};
 
 /// The fake API server shared by the HTTP handlers, the rollout
@@ -333,15 +333,8 @@ async fn resource_request(
             }
             "apply" => {
                 let force = query.get("force").is_some_and(|f| f == "true");
-                state.apply(
-                    rt,
-                    &namespace,
-                    &name,
-                    parse_body(body, true)?,
-                    &manager,
-                    force,
-                    subresource,
-                )
+                let options = ApplyOptions { manager: &manager, force, subresource };
+                state.apply(rt, &namespace, &name, parse_body(body, true)?, options)
             }
             "delete" => {
                 let options = parse_body(body, false)?;

@@ -242,7 +242,7 @@ pub fn remove_path(object: &mut Value, path: &[PathElement]) {
         }
         PathElement::Value(v) => {
             if let Some(items) = current.as_array_mut() {
-                items.retain(|item| item.to_string() != *v);
+                items.retain(|item| serde_json::from_str::<Value>(v).ok().as_ref() != Some(item));
             }
         }
     }
@@ -340,18 +340,25 @@ fn owned_by_others(managers: &[Manager], me: &str, path: &Path) -> bool {
         .any(|m| m.fields.range(path.clone()..).next().is_some_and(|p| p.starts_with(path)))
 }
 
-/// Applies `applied` as `manager` onto `live` (`None` creates), updating
+/// Who writes, to which part of the object, and when.
+#[derive(Debug, Clone, Copy)]
+pub struct Writer<'a> {
+    pub manager: &'a str,
+    pub subresource: Option<&'static str>,
+    pub scope: Scope,
+    pub now: &'a str,
+}
+
+/// Applies `applied` as `writer` onto `live` (`None` creates), updating
 /// `managers`. On conflicts without `force`, nothing changes.
 pub fn apply(
     live: Option<&Value>,
     managers: &mut Vec<Manager>,
-    manager: &str,
-    subresource: Option<&'static str>,
+    writer: Writer<'_>,
     applied: &Value,
     force: bool,
-    scope: Scope,
-    now: &str,
 ) -> Result<Value, Vec<Conflict>> {
+    let Writer { manager, subresource, scope, now } = writer;
     let new_set = field_set(applied, scope);
     let base = live.cloned().unwrap_or_else(|| Value::Object(Map::new()));
     let mut conflicts = Vec::new();
@@ -419,11 +426,9 @@ pub fn record_update(
     old: Option<&Value>,
     new: &Value,
     managers: &mut Vec<Manager>,
-    manager: &str,
-    subresource: Option<&'static str>,
-    scope: Scope,
-    now: &str,
+    writer: Writer<'_>,
 ) {
+    let Writer { manager, subresource, scope, now } = writer;
     let new_fields = field_set(new, scope);
     let old_fields = old.map(|o| field_set(o, scope)).unwrap_or_default();
     let empty = Value::Object(Map::new());
@@ -463,6 +468,10 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn w(manager: &str) -> Writer<'_> {
+        Writer { manager, subresource: None, scope: Scope::Main, now: "t" }
+    }
+
     fn deployment(image: &str, replicas: Option<i64>) -> Value {
         let mut d = json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
@@ -495,100 +504,35 @@ mod tests {
     #[test]
     fn apply_conflicts_force_and_removal() {
         let mut managers = Vec::new();
-        let live = apply(
-            None,
-            &mut managers,
-            "a",
-            None,
-            &deployment("gw:1", Some(2)),
-            false,
-            Scope::Main,
-            "t",
-        )
-        .unwrap();
+        let live = apply(None, &mut managers, w("a"), &deployment("gw:1", Some(2)), false).unwrap();
         // Same values: shared ownership, no conflict.
-        let live = apply(
-            Some(&live),
-            &mut managers,
-            "b",
-            None,
-            &deployment("gw:1", Some(2)),
-            false,
-            Scope::Main,
-            "t",
-        )
-        .unwrap();
+        let live =
+            apply(Some(&live), &mut managers, w("b"), &deployment("gw:1", Some(2)), false).unwrap();
         // b changes replicas: conflicts with a.
-        let conflicts = apply(
-            Some(&live),
-            &mut managers,
-            "b",
-            None,
-            &deployment("gw:1", Some(3)),
-            false,
-            Scope::Main,
-            "t",
-        )
-        .unwrap_err();
+        let conflicts =
+            apply(Some(&live), &mut managers, w("b"), &deployment("gw:1", Some(3)), false)
+                .unwrap_err();
         assert_eq!(conflicts, [Conflict { manager: "a".into(), field: ".spec.replicas".into() }]);
-        let live = apply(
-            Some(&live),
-            &mut managers,
-            "b",
-            None,
-            &deployment("gw:1", Some(3)),
-            true,
-            Scope::Main,
-            "t",
-        )
-        .unwrap();
+        let live =
+            apply(Some(&live), &mut managers, w("b"), &deployment("gw:1", Some(3)), true).unwrap();
         assert_eq!(live["spec"]["replicas"], 3);
         // a stops applying replicas: b still owns it, so it stays.
-        let live = apply(
-            Some(&live),
-            &mut managers,
-            "a",
-            None,
-            &deployment("gw:1", None),
-            false,
-            Scope::Main,
-            "t",
-        )
-        .unwrap();
+        let live =
+            apply(Some(&live), &mut managers, w("a"), &deployment("gw:1", None), false).unwrap();
         assert_eq!(live["spec"]["replicas"], 3);
         // b stops too: nobody owns it, so it goes.
-        let live = apply(
-            Some(&live),
-            &mut managers,
-            "b",
-            None,
-            &deployment("gw:1", None),
-            false,
-            Scope::Main,
-            "t",
-        )
-        .unwrap();
+        let live =
+            apply(Some(&live), &mut managers, w("b"), &deployment("gw:1", None), false).unwrap();
         assert!(live["spec"].get("replicas").is_none());
     }
 
     #[test]
     fn dropping_a_list_item_removes_it() {
         let mut managers = Vec::new();
-        let live = apply(
-            None,
-            &mut managers,
-            "a",
-            None,
-            &deployment("gw:1", None),
-            false,
-            Scope::Main,
-            "t",
-        )
-        .unwrap();
+        let live = apply(None, &mut managers, w("a"), &deployment("gw:1", None), false).unwrap();
         let mut one = deployment("gw:2", None);
         one["spec"]["template"]["spec"]["containers"].as_array_mut().unwrap().pop();
-        let live =
-            apply(Some(&live), &mut managers, "a", None, &one, false, Scope::Main, "t").unwrap();
+        let live = apply(Some(&live), &mut managers, w("a"), &one, false).unwrap();
         let containers = live["spec"]["template"]["spec"]["containers"].as_array().unwrap();
         assert_eq!(containers.len(), 1);
         assert_eq!(containers[0]["image"], "gw:2");
@@ -597,33 +541,15 @@ mod tests {
     #[test]
     fn updates_take_ownership() {
         let mut managers = Vec::new();
-        let live = apply(
-            None,
-            &mut managers,
-            "a",
-            None,
-            &deployment("gw:1", Some(2)),
-            false,
-            Scope::Main,
-            "t",
-        )
-        .unwrap();
+        let live = apply(None, &mut managers, w("a"), &deployment("gw:1", Some(2)), false).unwrap();
         let mut scaled = live.clone();
         scaled["spec"]["replicas"] = json!(5);
-        record_update(Some(&live), &scaled, &mut managers, "kubectl-scale", None, Scope::Main, "t");
+        record_update(Some(&live), &scaled, &mut managers, w("kubectl-scale"));
         let scaler = managers.iter().find(|m| m.name == "kubectl-scale").unwrap();
         assert_eq!(scaler.fields.len(), 1);
-        let conflicts = apply(
-            Some(&scaled),
-            &mut managers,
-            "a",
-            None,
-            &deployment("gw:1", Some(2)),
-            false,
-            Scope::Main,
-            "t",
-        )
-        .unwrap_err();
+        let conflicts =
+            apply(Some(&scaled), &mut managers, w("a"), &deployment("gw:1", Some(2)), false)
+                .unwrap_err();
         assert_eq!(conflicts[0].manager, "kubectl-scale");
     }
 }

@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::broadcast;
 
 use crate::resources::{self, ResourceType};
-use crate::ssa::{self, Manager, Scope};
+use crate::ssa::{self, Manager, Scope, Writer};
 use crate::util::{now_rfc3339, FieldSelector, LabelSelector};
 
 /// An error answered as a Kubernetes `Status`.
@@ -150,6 +150,15 @@ pub struct State {
     pub rollout: RolloutConfig,
     /// Deployments waiting for their simulated rollout: key -> due time.
     pub pending_rollouts: BTreeMap<ObjectKey, tokio::time::Instant>,
+}
+
+/// How an apply request is made.
+#[derive(Debug, Clone, Copy)]
+pub struct ApplyOptions<'a> {
+    pub manager: &'a str,
+    /// Take over fields other managers own.
+    pub force: bool,
+    pub subresource: Option<&'static str>,
 }
 
 /// The outcome of a write.
@@ -488,7 +497,9 @@ impl State {
         let scope = Self::scope(rt, None);
         Self::prepare(rt, namespace, None, &mut body, scope)?;
         let mut managers = Vec::new();
-        ssa::record_update(None, &body, &mut managers, manager, None, scope, &now_rfc3339());
+        let now = now_rfc3339();
+        let writer = Writer { manager, subresource: None, scope, now: &now };
+        ssa::record_update(None, &body, &mut managers, writer);
         Ok(self.commit(&key, "ADDED", Stored { value: body, managers }, None))
     }
 
@@ -584,15 +595,9 @@ impl State {
             return Err(ApiError::new(422, "Invalid", "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted"));
         }
         let mut managers = old.managers.clone();
-        ssa::record_update(
-            Some(&old.value),
-            &body,
-            &mut managers,
-            manager,
-            subresource,
-            scope,
-            &now_rfc3339(),
-        );
+        let now = now_rfc3339();
+        let writer = Writer { manager, subresource, scope, now: &now };
+        ssa::record_update(Some(&old.value), &body, &mut managers, writer);
         body["metadata"]["resourceVersion"] = old.value["metadata"]["resourceVersion"].clone();
         Ok(self.replace(&key, &old, Stored { value: body, managers }))
     }
@@ -622,10 +627,9 @@ impl State {
         namespace: &str,
         name: &str,
         mut applied: Value,
-        manager: &str,
-        force: bool,
-        subresource: Option<&'static str>,
+        options: ApplyOptions<'_>,
     ) -> Written {
+        let ApplyOptions { manager, force, subresource } = options;
         if manager.is_empty() {
             return Err(ApiError::bad_request(
                 "PATCH, application/apply-patch+yaml: fieldManager is required for apply requests",
@@ -650,7 +654,8 @@ impl State {
         }
         let mut managers = old.as_ref().map(|o| o.managers.clone()).unwrap_or_default();
         let now = now_rfc3339();
-        let merged = ssa::apply(old.as_ref().map(|o| &o.value), &mut managers, manager, subresource, &applied, force, scope, &now)
+        let writer = Writer { manager, subresource, scope, now: &now };
+        let merged = ssa::apply(old.as_ref().map(|o| &o.value), &mut managers, writer, &applied, force)
             .map_err(|conflicts| {
                 let causes: Vec<Value> = conflicts
                     .iter()
@@ -847,15 +852,13 @@ impl State {
         }
         let mut new = old.clone();
         new.value["status"] = status;
-        ssa::record_update(
-            Some(&old.value),
-            &new.value,
-            &mut new.managers,
-            "kube-controller-manager",
-            Some("status"),
-            Scope::Status,
-            &now,
-        );
+        let writer = Writer {
+            manager: "kube-controller-manager",
+            subresource: Some("status"),
+            scope: Scope::Status,
+            now: &now,
+        };
+        ssa::record_update(Some(&old.value), &new.value, &mut new.managers, writer);
         self.replace(key, &old, new);
     }
 }
