@@ -28,6 +28,10 @@ pub const MAX_REPLICAS: i32 = 1000;
 /// Longest credential driver name.
 const MAX_DRIVER_LEN: usize = 63;
 
+/// `spec.config` keys with this prefix are reserved: the reconciler
+/// renders its own settings into the ConfigMap under them.
+pub const RESERVED_CONFIG_PREFIX: &str = "gantry.";
+
 /// The resource names `spec.resources` accepts.
 pub const RESOURCE_NAMES: [&str; 3] = ["cpu", "memory", "ephemeral-storage"];
 
@@ -178,6 +182,12 @@ pub fn validate_spec(v: &mut Violations, spec: Option<&GatewaySpec>) {
     let mut config_bytes = 0;
     for (key, value) in &spec.config {
         check(v, || format!("gateway.spec.config[{key:?}]"), syntax::config_key(key));
+        if key.starts_with(RESERVED_CONFIG_PREFIX) {
+            v.push(
+                format!("gateway.spec.config[{key:?}]"),
+                format!("keys starting with {RESERVED_CONFIG_PREFIX:?} are reserved for gantry"),
+            );
+        }
         config_bytes += key.len() + value.len();
     }
     if config_bytes > MAX_CONFIG_BYTES {
@@ -283,6 +293,11 @@ mod tests {
         assert_eq!(
             fields(&GatewaySpec { server_dns_names: names, ..spec() }),
             ["gateway.spec.server_dns_names"]
+        );
+        let reserved = [("gantry.json".to_string(), "{}".to_string())].into();
+        assert_eq!(
+            fields(&GatewaySpec { config: reserved, ..spec() }),
+            ["gateway.spec.config[\"gantry.json\"]"]
         );
         let config = [("big".to_string(), "x".repeat(MAX_CONFIG_BYTES))].into();
         assert_eq!(fields(&GatewaySpec { config, ..spec() }), ["gateway.spec.config"]);
