@@ -1,0 +1,7 @@
+//! gateway-reconciler.
+#![forbid(unsafe_code)]
+
+pub mod queue;
+pub mod render;
+pub mod status;
+pub mod target;

@@ -1,0 +1,279 @@
+//! Status (pure): what the reconciler reports for what it observed, in
+//! kstatus conventions: conditions Ready, Reconciling and Stalled, and the
+//! provisioning steps ManifestsApplied, WorkloadAvailable, RouteAdmitted.
+
+use gantry_api::v1::{
+    Condition, ConditionStatus, GatewayStatus, Phase, ProvisioningStep, StepState,
+};
+use prost_types::Timestamp;
+
+/// What a target reports about a gateway's workload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Workload {
+    /// Written where nothing runs it (the directory target): ready by
+    /// definition, and the condition says so.
+    Written,
+    /// Rolling out.
+    Progressing { message: String },
+    /// Rolled out for the applied generation.
+    Available,
+    /// The rollout is stuck (progress deadline exceeded).
+    Stalled { reason: String, message: String },
+}
+
+/// The observed state of a gateway's objects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Observation {
+    pub workload: Workload,
+    pub route_address: String,
+    /// An owned object is missing or was changed out of band.
+    pub drifted: bool,
+}
+
+/// Status fields the reconciler writes (every `status.*` path).
+pub const STATUS_PATHS: [&str; 9] = [
+    "status.phase",
+    "status.observed_generation",
+    "status.conditions",
+    "status.provisioning",
+    "status.route_address",
+    "status.applied_fingerprint",
+    "status.failure_count",
+    "status.next_retry_time",
+    "status.message",
+];
+
+pub const STEP_MANIFESTS: &str = "ManifestsApplied";
+pub const STEP_WORKLOAD: &str = "WorkloadAvailable";
+pub const STEP_ROUTE: &str = "RouteAdmitted";
+
+fn condition(kind: &str, status: bool, reason: &str, message: &str, generation: i64) -> Condition {
+    Condition {
+        r#type: kind.into(),
+        status: if status { ConditionStatus::True } else { ConditionStatus::False } as i32,
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: generation,
+        last_transition_time: None,
+    }
+}
+
+fn step(name: &str, state: StepState, message: &str) -> ProvisioningStep {
+    ProvisioningStep { name: name.into(), state: state as i32, message: message.into() }
+}
+
+/// Status after the manifests of `generation` were applied and observed.
+pub fn applied(
+    generation: i64,
+    fingerprint: &str,
+    observation: &Observation,
+    has_route: bool,
+) -> GatewayStatus {
+    let (phase, ready, reconciling, stalled, workload_step, message) = match &observation.workload {
+        Workload::Written => (
+            Phase::Running,
+            condition(
+                "Ready",
+                true,
+                "ManifestsWritten",
+                "manifests written to the directory target; nothing runs them here",
+                generation,
+            ),
+            condition("Reconciling", false, "ManifestsWritten", "", generation),
+            condition("Stalled", false, "ManifestsWritten", "", generation),
+            step(STEP_WORKLOAD, StepState::Complete, "directory target: no workload to wait for"),
+            "manifests written".to_string(),
+        ),
+        Workload::Available => (
+            Phase::Running,
+            condition(
+                "Ready",
+                true,
+                "RolloutComplete",
+                "all replicas are updated and available",
+                generation,
+            ),
+            condition("Reconciling", false, "RolloutComplete", "", generation),
+            condition("Stalled", false, "RolloutComplete", "", generation),
+            step(STEP_WORKLOAD, StepState::Complete, ""),
+            "running".to_string(),
+        ),
+        Workload::Progressing { message } => (
+            Phase::Provisioning,
+            condition("Ready", false, "RolloutInProgress", message, generation),
+            condition("Reconciling", true, "RolloutInProgress", message, generation),
+            condition("Stalled", false, "RolloutInProgress", "", generation),
+            step(STEP_WORKLOAD, StepState::InProgress, message),
+            format!("rolling out: {message}"),
+        ),
+        Workload::Stalled { reason, message } => (
+            Phase::Degraded,
+            condition("Ready", false, reason, message, generation),
+            condition("Reconciling", false, reason, "", generation),
+            condition("Stalled", true, reason, message, generation),
+            step(STEP_WORKLOAD, StepState::Failed, message),
+            format!("{reason}: {message}"),
+        ),
+    };
+    let mut provisioning = vec![step(STEP_MANIFESTS, StepState::Complete, ""), workload_step];
+    if has_route {
+        provisioning.push(step(STEP_ROUTE, StepState::Complete, &observation.route_address));
+    }
+    GatewayStatus {
+        phase: phase as i32,
+        observed_generation: generation,
+        conditions: vec![ready, reconciling, stalled],
+        provisioning,
+        route_address: observation.route_address.clone(),
+        applied_fingerprint: fingerprint.into(),
+        failure_count: 0,
+        next_retry_time: None,
+        message,
+    }
+}
+
+/// Status after a failed apply. `exhausted` means the retry budget is
+/// spent: FAILED with the error, truthfully; otherwise the phase stays and
+/// Reconciling says a retry is coming.
+pub fn failed(
+    current: &GatewayStatus,
+    generation: i64,
+    error: &str,
+    failures: u32,
+    exhausted: bool,
+    retry_at: Timestamp,
+) -> GatewayStatus {
+    let failure_count = i32::try_from(failures).unwrap_or(i32::MAX);
+    let (phase, reconciling, stalled) = if exhausted {
+        (
+            Phase::Failed,
+            condition("Reconciling", false, "RetryBudgetExhausted", "", generation),
+            condition("Stalled", true, "RetryBudgetExhausted", error, generation),
+        )
+    } else {
+        let phase = match current.phase() {
+            Phase::Unspecified | Phase::Pending => Phase::Provisioning,
+            other => other,
+        };
+        (
+            phase,
+            condition(
+                "Reconciling",
+                true,
+                "ApplyFailed",
+                &format!("attempt {failures} failed; retrying"),
+                generation,
+            ),
+            condition("Stalled", false, "ApplyFailed", "", generation),
+        )
+    };
+    let mut provisioning = current.provisioning.clone();
+    provisioning.retain(|s| s.name != STEP_MANIFESTS);
+    provisioning.insert(0, step(STEP_MANIFESTS, StepState::Failed, error));
+    GatewayStatus {
+        phase: phase as i32,
+        observed_generation: current.observed_generation,
+        conditions: vec![
+            condition("Ready", false, "ApplyFailed", error, generation),
+            reconciling,
+            stalled,
+        ],
+        provisioning,
+        route_address: current.route_address.clone(),
+        applied_fingerprint: current.applied_fingerprint.clone(),
+        failure_count,
+        next_retry_time: Some(retry_at),
+        message: error.into(),
+    }
+}
+
+/// Whether writing `desired` would change `current` (transition times are
+/// the store's, not compared).
+pub fn differs(current: &GatewayStatus, desired: &GatewayStatus) -> bool {
+    let strip = |s: &GatewayStatus| {
+        let mut s = s.clone();
+        for c in &mut s.conditions {
+            c.last_transition_time = None;
+        }
+        s
+    };
+    strip(current) != strip(desired)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn observation(workload: Workload) -> Observation {
+        Observation { workload, route_address: String::new(), drifted: false }
+    }
+
+    #[test]
+    fn phases_follow_the_workload() {
+        let running = applied(3, "fp", &observation(Workload::Available), false);
+        assert_eq!((running.phase(), running.observed_generation), (Phase::Running, 3));
+        assert_eq!(running.conditions[0].status(), ConditionStatus::True);
+        let rolling = applied(
+            3,
+            "fp",
+            &observation(Workload::Progressing { message: "1 of 2 updated".into() }),
+            false,
+        );
+        assert_eq!(rolling.phase(), Phase::Provisioning);
+        assert_eq!(rolling.conditions[1].status(), ConditionStatus::True, "Reconciling");
+        let stuck = applied(
+            3,
+            "fp",
+            &observation(Workload::Stalled {
+                reason: "ProgressDeadlineExceeded".into(),
+                message: "timed out".into(),
+            }),
+            true,
+        );
+        assert_eq!(stuck.phase(), Phase::Degraded);
+        assert_eq!(
+            (stuck.conditions[2].r#type.as_str(), stuck.conditions[2].status()),
+            ("Stalled", ConditionStatus::True)
+        );
+        assert_eq!(stuck.conditions[0].reason, "ProgressDeadlineExceeded");
+        assert_eq!(stuck.provisioning.len(), 3);
+        let written = applied(1, "fp", &observation(Workload::Written), false);
+        assert_eq!(
+            (written.phase(), written.conditions[0].reason.as_str()),
+            (Phase::Running, "ManifestsWritten")
+        );
+    }
+
+    #[test]
+    fn failures_keep_observed_generation_and_tell_the_truth() {
+        let current = applied(1, "old", &observation(Workload::Available), false);
+        let retrying = failed(
+            &current,
+            2,
+            "500 from the API server",
+            1,
+            false,
+            Timestamp { seconds: 10, nanos: 0 },
+        );
+        assert_eq!(
+            (retrying.phase(), retrying.observed_generation, retrying.failure_count),
+            (Phase::Running, 1, 1)
+        );
+        assert_eq!(retrying.applied_fingerprint, "old");
+        let failed = failed(
+            &current,
+            2,
+            "500 from the API server",
+            5,
+            true,
+            Timestamp { seconds: 70, nanos: 0 },
+        );
+        assert_eq!(failed.phase(), Phase::Failed);
+        assert_eq!(failed.message, "500 from the API server");
+        assert_eq!(failed.conditions[2].status(), ConditionStatus::True, "Stalled");
+        assert!(differs(&current, &failed));
+        let mut stamped = failed.clone();
+        stamped.conditions[0].last_transition_time = Some(Timestamp::default());
+        assert!(!differs(&stamped, &failed), "transition times do not count");
+    }
+}
