@@ -1,7 +1,166 @@
-//! gateway-reconciler.
+//! gateway-reconciler: converges every Gateway in gateway-store onto
+//! Kubernetes (or a directory) and writes status back.
+//!
+//! ```text
+//! gateway-store ──watch──► controller (cache, queue, workers) ──► target
+//!        ▲                         │                              │ kube: SSA + prune
+//!        └── UpdateGateway(status, observed_generation) ◄─────────┘ directory: files
+//! ```
+//!
+//! [`run`] is what the binary calls; [`controller::Controller`] is the
+//! loop, usable directly in tests with any [`target::Target`].
+
 #![forbid(unsafe_code)]
 
+pub mod config;
+pub mod controller;
+pub mod http;
+pub mod metrics;
 pub mod queue;
 pub mod render;
 pub mod status;
 pub mod target;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use gantry_client::ClientConfig;
+use gantry_core::recovery::RecoveryPolicy;
+use gantry_core::retry::Backoff;
+
+use crate::config::{Config, LogFormat, TargetKind};
+use crate::controller::{Controller, Settings};
+use crate::metrics::Metrics;
+use crate::render::RenderSettings;
+use crate::target::directory::DirectoryTarget;
+use crate::target::kube::KubeTarget;
+use crate::target::Target;
+
+/// Why the reconciler could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot read {what} {path}: {source}")]
+    ReadFile { what: &'static str, path: String, source: std::io::Error },
+    #[error(transparent)]
+    Client(#[from] gantry_client::ClientError),
+    #[error(
+        "cannot load the Kubernetes configuration: {0}; pass --kubeconfig or run in a cluster"
+    )]
+    Kubeconfig(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error("HTTP server: {0}")]
+    Http(std::io::Error),
+}
+
+fn read(what: &'static str, path: &std::path::Path) -> Result<Vec<u8>, RunError> {
+    std::fs::read(path).map_err(|source| RunError::ReadFile {
+        what,
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// The control-loop settings a configuration asks for.
+pub fn settings(config: &Config) -> Settings {
+    Settings {
+        render: RenderSettings {
+            namespace: config.namespace.clone(),
+            default_supervisor_image: config.supervisor_image.clone(),
+        },
+        policy: RecoveryPolicy {
+            budget: config.retry_budget,
+            backoff: Backoff { initial: config.retry_backoff, ..Backoff::default() },
+            sync_period: config.sync_period,
+            failed_window_floor: config.failed_retry_floor,
+        },
+        concurrency: config.concurrency,
+        sync_period: config.sync_period,
+        poll_interval: config.poll_interval,
+    }
+}
+
+async fn kube_client(config: &Config) -> Result<kube::Client, RunError> {
+    let kube_config = match &config.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| RunError::Kubeconfig(e.to_string()))?;
+            kube::Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await
+            .map_err(|e| RunError::Kubeconfig(e.to_string()))?
+        }
+        None => kube::Config::infer().await.map_err(|e| RunError::Kubeconfig(e.to_string()))?,
+    };
+    kube::Client::try_from(kube_config).map_err(|e| RunError::Kubeconfig(e.to_string()))
+}
+
+/// Runs the reconciler until `shutdown` completes.
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    let token = match &config.token_file {
+        Some(path) => Some(String::from_utf8_lossy(&read("token file", path)?).trim().to_string()),
+        None => None,
+    };
+    let ca_pem = config.store_ca.as_deref().map(|p| read("store CA", p)).transpose()?;
+    let client = ClientConfig { endpoint: config.store.clone(), token, ca_pem, tls_domain: None }
+        .connect_lazy()?;
+    let target: Arc<dyn Target> = match config.target {
+        TargetKind::Kube => {
+            Arc::new(KubeTarget::new(kube_client(&config).await?, config.namespace.clone()))
+        }
+        TargetKind::Directory => Arc::new(DirectoryTarget::new(config.directory.clone())),
+    };
+    let controller =
+        Controller::new(client, target, settings(&config), Arc::new(Metrics::default()));
+    let listener = tokio::net::TcpListener::bind(config.http_listen)
+        .await
+        .map_err(|source| RunError::Bind { addr: config.http_listen.to_string(), source })?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    let http = axum::serve(listener, http::router(controller.clone()))
+        .with_graceful_shutdown(stopped(stop_rx.clone()));
+    tracing::info!(store = %config.store, target = ?config.target, http = %config.http_listen, "gateway-reconciler running");
+    let (_, http_result) = tokio::join!(controller.run(stopped(stop_rx)), http);
+    http_result.map_err(RunError::Http)?;
+    tracing::info!("gateway-reconciler stopped");
+    Ok(())
+}
+
+/// Installs the tracing subscriber for the binary.
+pub fn init_logging(config: &Config) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&config.log_level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match config.log_format {
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).init(),
+        LogFormat::Pretty => builder.init(),
+    }
+}
+
+/// Completes on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+    tracing::info!("shutdown signal received");
+}

@@ -1,1 +1,21 @@
-fn main() {}
+//! `gateway-reconciler`: parses flags and runs the reconciler until SIGTERM
+//! or Ctrl-C.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use gantry_reconciler::config::Config;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let config = Config::parse();
+    gantry_reconciler::init_logging(&config);
+    match gantry_reconciler::run(config, gantry_reconciler::shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "gateway-reconciler failed");
+            eprintln!("gateway-reconciler: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

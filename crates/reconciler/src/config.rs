@@ -1,0 +1,111 @@
+//! Command-line flags of gateway-reconciler; every flag also reads an
+//! environment variable.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use gantry_core::duration::parse_duration;
+
+/// Where manifests go.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TargetKind {
+    /// A Kubernetes cluster, by server-side apply.
+    Kube,
+    /// YAML files under --directory (no cluster needed).
+    Directory,
+}
+
+/// Log format.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Pretty,
+    Json,
+}
+
+/// Converges every Gateway in gateway-store onto Kubernetes or a directory.
+#[derive(Parser, Clone, Debug)]
+#[command(
+    name = "gateway-reconciler",
+    version,
+    about = "Converges every Gateway in gateway-store onto Kubernetes (or a directory) and reports status back",
+    after_help = "Examples:\n  \
+        gateway-reconciler --store http://127.0.0.1:50051 --target directory --directory ./manifests\n  \
+        gateway-reconciler --store https://gateway-store:50051 --store-ca ca.pem --token-file /var/run/gantry/token --target kube --namespace gateways"
+)]
+pub struct Config {
+    /// gRPC URL of gateway-store.
+    #[arg(long, env = "GANTRY_STORE", default_value = "http://127.0.0.1:50051")]
+    pub store: String,
+
+    /// File holding the bearer token (role reconciler) for the store.
+    #[arg(long, env = "GANTRY_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+
+    /// PEM CA certificate to trust for an https:// store.
+    #[arg(long, env = "GANTRY_STORE_CA")]
+    pub store_ca: Option<PathBuf>,
+
+    /// Where manifests go.
+    #[arg(long, env = "GANTRY_TARGET", value_enum, default_value_t = TargetKind::Directory)]
+    pub target: TargetKind,
+
+    /// Kubeconfig for --target kube (default: in-cluster config, then the
+    /// usual kubeconfig).
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Namespace the gateways' objects live in.
+    #[arg(long, env = "GANTRY_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+
+    /// Directory for --target directory.
+    #[arg(long, env = "GANTRY_DIRECTORY", default_value = "gantry-manifests")]
+    pub directory: PathBuf,
+
+    /// Address of /healthz, /readyz and /metrics.
+    #[arg(long, env = "GANTRY_RECONCILER_HTTP_LISTEN", default_value = "127.0.0.1:9091")]
+    pub http_listen: SocketAddr,
+
+    /// Gateways reconciled at once.
+    #[arg(long, env = "GANTRY_CONCURRENCY", default_value_t = 16)]
+    pub concurrency: usize,
+
+    /// Every gateway is re-checked about this often (jittered).
+    #[arg(long, env = "GANTRY_SYNC_PERIOD", default_value = "5m", value_parser = parse_duration)]
+    pub sync_period: Duration,
+
+    /// Apply attempts per generation before a gateway is FAILED.
+    #[arg(long, env = "GANTRY_RETRY_BUDGET", default_value_t = 5)]
+    pub retry_budget: u32,
+
+    /// Shortest wait before a FAILED gateway is tried again (the wait is
+    /// the larger of this and --sync-period).
+    #[arg(long, env = "GANTRY_FAILED_RETRY_FLOOR", default_value = "1m", value_parser = parse_duration)]
+    pub failed_retry_floor: Duration,
+
+    /// First backoff after a failed apply (it doubles per attempt).
+    #[arg(long, env = "GANTRY_RETRY_BACKOFF", default_value = "1s", value_parser = parse_duration)]
+    pub retry_backoff: Duration,
+
+    /// Re-check interval while a rollout is in progress or stalled.
+    #[arg(long, env = "GANTRY_POLL_INTERVAL", default_value = "2s", value_parser = parse_duration)]
+    pub poll_interval: Duration,
+
+    /// Supervisor image for gateways that do not name one.
+    #[arg(
+        long,
+        env = "GANTRY_SUPERVISOR_IMAGE",
+        default_value = "ghcr.io/gantry-dev/supervisor:0.1.0"
+    )]
+    pub supervisor_image: String,
+
+    /// Log format.
+    #[arg(long, env = "GANTRY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
+    pub log_format: LogFormat,
+
+    /// Log filter, in tracing's EnvFilter syntax.
+    #[arg(long, env = "GANTRY_LOG", default_value = "info")]
+    pub log_level: String,
+}

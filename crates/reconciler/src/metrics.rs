@@ -1,0 +1,70 @@
+//! Prometheus metrics of the reconciler.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    pub phase: String,
+}
+
+/// The reconciler's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Reconcile passes by outcome (applied, observed, unchanged, waiting,
+    /// failed, deleted, status_conflict, error).
+    pub reconciles: Family<OutcomeLabels, Counter>,
+    pub reconcile_duration: Histogram,
+    pub queue_depth: Gauge,
+    pub gateways: Family<PhaseLabels, Gauge>,
+    /// From first seeing a generation to reporting it observed.
+    pub convergence: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("gantry_reconciler");
+        let reconciles = Family::<OutcomeLabels, Counter>::default();
+        let reconcile_duration = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
+        let queue_depth = Gauge::default();
+        let gateways = Family::<PhaseLabels, Gauge>::default();
+        let convergence = Histogram::new(exponential_buckets(0.01, 2.0, 16));
+        registry.register("reconciles", "Reconcile passes by outcome", reconciles.clone());
+        registry.register(
+            "reconcile_duration_seconds",
+            "Duration of a reconcile pass",
+            reconcile_duration.clone(),
+        );
+        registry.register("queue_depth", "Gateways waiting in the work queue", queue_depth.clone());
+        registry.register("gateways", "Known gateways by phase", gateways.clone());
+        registry.register(
+            "convergence_seconds",
+            "From a new generation to observed_generation",
+            convergence.clone(),
+        );
+        Self { registry, reconciles, reconcile_duration, queue_depth, gateways, convergence }
+    }
+}
+
+impl Metrics {
+    pub fn outcome(&self, outcome: &str) {
+        self.reconciles.get_or_create(&OutcomeLabels { outcome: outcome.to_string() }).inc();
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
