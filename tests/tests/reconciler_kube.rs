@@ -1,0 +1,477 @@
+//! gateway-reconciler end to end: a real gateway-store process, the real
+//! kube-rs client against kube-fake, and the reconciler's control loop.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gantry_api::v1::{
+    ConditionStatus, CreateGatewayRequest, DeleteGatewayRequest, Gateway, GatewaySpec,
+    GetGatewayRequest, ObjectMeta, Phase, Route, UpdateGatewayRequest,
+};
+use gantry_client::{ClientConfig, GatewayClient};
+use gantry_core::recovery::RecoveryPolicy;
+use gantry_core::retry::Backoff;
+use gantry_e2e::{temp_dir, StoreProcess};
+use gantry_kube_fake::{FaultAction, FaultRule, KubeFake, Options};
+use gantry_reconciler::controller::{Controller, Settings, FINALIZER, RETRY_ANNOTATION};
+use gantry_reconciler::metrics::Metrics;
+use gantry_reconciler::render::RenderSettings;
+use gantry_reconciler::target::kube::KubeTarget;
+use gantry_reconciler::target::Target;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::networking::v1::Ingress;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use prost_types::FieldMask;
+use tonic::Code;
+
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Store process + kube-fake + reconciler, torn down on drop.
+struct Rig {
+    store: StoreProcess,
+    kube: KubeFake,
+    client: GatewayClient,
+    kube_client: kube::Client,
+    metrics: Arc<Metrics>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    reconciler: Option<tokio::task::JoinHandle<()>>,
+    dir: std::path::PathBuf,
+}
+
+fn settings() -> Settings {
+    Settings {
+        render: RenderSettings::default(),
+        policy: RecoveryPolicy {
+            budget: 3,
+            backoff: Backoff {
+                initial: Duration::from_millis(50),
+                max: Duration::from_millis(200),
+                jitter: 0.0,
+            },
+            sync_period: Duration::from_secs(2),
+            failed_window_floor: Duration::from_secs(2),
+        },
+        concurrency: 4,
+        sync_period: Duration::from_secs(2),
+        poll_interval: Duration::from_millis(100),
+    }
+}
+
+impl Rig {
+    async fn start() -> Rig {
+        let dir = temp_dir("reconciler-kube");
+        let store =
+            StoreProcess::start(&format!("sqlite://{}", dir.join("gantry.db").display()), &dir);
+        let kube = KubeFake::start_with(Options {
+            rollout_delay: Duration::from_millis(20),
+            ..Options::default()
+        })
+        .await
+        .unwrap();
+        let kube_client =
+            kube::Client::try_from(kube::Config::new(kube.url().parse().unwrap())).unwrap();
+        let config = ClientConfig { endpoint: store.endpoint(), ..Default::default() };
+        let client = gantry_client::connect(&config).await.unwrap();
+        let target: Arc<dyn Target> = Arc::new(KubeTarget::new(kube_client.clone(), "default"));
+        let metrics = Arc::new(Metrics::default());
+        let controller =
+            Controller::new(config.connect_lazy().unwrap(), target, settings(), metrics.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let reconciler = tokio::spawn(controller.run(async {
+            let _ = stopped.await;
+        }));
+        Rig {
+            store,
+            kube,
+            client,
+            kube_client,
+            metrics,
+            stop: Some(stop),
+            reconciler: Some(reconciler),
+            dir,
+        }
+    }
+
+    fn deployments(&self) -> Api<Deployment> {
+        Api::namespaced(self.kube_client.clone(), "default")
+    }
+
+    async fn create(&self, name: &str, spec: GatewaySpec) -> Gateway {
+        let g = Gateway {
+            metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
+            spec: Some(spec),
+            status: None,
+        };
+        self.client
+            .clone()
+            .create_gateway(CreateGatewayRequest { gateway: Some(g) })
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    async fn update(&self, g: Gateway, paths: &[&str]) -> Gateway {
+        let mask = Some(FieldMask { paths: paths.iter().map(|p| p.to_string()).collect() });
+        self.client
+            .clone()
+            .update_gateway(UpdateGatewayRequest { gateway: Some(g), update_mask: mask })
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    async fn get(&self, name: &str) -> Result<Gateway, tonic::Status> {
+        self.client
+            .clone()
+            .get_gateway(GetGatewayRequest { name: name.into() })
+            .await
+            .map(|r| r.into_inner())
+    }
+
+    /// Polls the store until `done` holds for the gateway.
+    async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Gateway) -> bool) -> Gateway {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let g = self.get(name).await.unwrap();
+            if done(&g) {
+                return g;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name} never became {what}: {:?}",
+                g.status
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn wait_running(&self, name: &str) -> Gateway {
+        self.wait_for(name, "RUNNING and converged", |g| {
+            let s = g.status.clone().unwrap_or_default();
+            s.phase() == Phase::Running
+                && s.observed_generation == g.metadata.as_ref().unwrap().generation
+        })
+        .await
+    }
+
+    fn reconciles(&self) -> u64 {
+        let text = self.metrics.encode();
+        text.lines()
+            .filter(|l| l.starts_with("gantry_reconciler_reconciles_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.reconciler.take() {
+            tokio::time::timeout(PATIENCE, task).await.unwrap().unwrap();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+        drop(self.store);
+        self.kube.stop().await;
+    }
+}
+
+fn spec(image: &str) -> GatewaySpec {
+    GatewaySpec { image: image.into(), ..Default::default() }
+}
+
+fn ready(g: &Gateway) -> bool {
+    g.status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .any(|c| c.r#type == "Ready" && c.status() == ConditionStatus::True)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_converges_changes_and_is_deleted() {
+    let rig = Rig::start().await;
+    let created = rig.create("edge", spec("ghcr.io/acme/gw:1")).await;
+    assert_eq!(meta(&created).generation, 1);
+    let running = rig.wait_running("edge").await;
+    assert!(ready(&running));
+    assert!(meta(&running).finalizers.contains(&FINALIZER.to_string()));
+    let steps: Vec<_> =
+        running.status.as_ref().unwrap().provisioning.iter().map(|s| s.name.clone()).collect();
+    assert_eq!(steps, ["ManifestsApplied", "WorkloadAvailable"]);
+
+    let deployment = rig.deployments().get("edge").await.unwrap();
+    assert_eq!(deployment.metadata.labels.as_ref().unwrap()["gantry.dev/gateway"], "edge");
+    let managers: Vec<_> =
+        deployment.metadata.managed_fields.unwrap().into_iter().filter_map(|m| m.manager).collect();
+    assert!(managers.contains(&"gantry-reconciler".to_string()));
+    let cm: Api<ConfigMap> = Api::namespaced(rig.kube_client.clone(), "default");
+    assert!(cm.get("edge").await.unwrap().data.unwrap().contains_key("gantry.json"));
+
+    // Spec change: the Deployment follows and observed_generation advances.
+    rig.update(
+        Gateway {
+            metadata: Some(ObjectMeta { name: "edge".into(), ..Default::default() }),
+            spec: Some(spec("ghcr.io/acme/gw:2")),
+            status: None,
+        },
+        &["spec"],
+    )
+    .await;
+    let changed = rig
+        .wait_for("edge", "at generation 2", |g| {
+            g.status.as_ref().unwrap().observed_generation == 2
+                && g.status.as_ref().unwrap().phase() == Phase::Running
+        })
+        .await;
+    assert_eq!(meta(&changed).generation, 2);
+    let image = rig
+        .deployments()
+        .get("edge")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .containers[0]
+        .image
+        .clone();
+    assert_eq!(image.as_deref(), Some("ghcr.io/acme/gw:2"));
+
+    // Labels only: the reconciler looks, and writes nothing to the cluster.
+    rig.kube.clear_requests();
+    let before = rig.reconciles();
+    let mut labels = Gateway {
+        metadata: Some(ObjectMeta { name: "edge".into(), ..Default::default() }),
+        ..Default::default()
+    };
+    labels.metadata.as_mut().unwrap().labels.insert("team".into(), "edge".into());
+    rig.update(labels, &["metadata.labels"]).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while rig.reconciles() <= before {
+        assert!(tokio::time::Instant::now() < deadline, "the label change was never looked at");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let writes: Vec<_> = rig.kube.requests().into_iter().filter(|r| r.is_write()).collect();
+    assert!(writes.is_empty(), "a labels-only change wrote to the cluster: {writes:?}");
+    assert_eq!(meta(&rig.get("edge").await.unwrap()).generation, 2);
+
+    // A route adds an Ingress; 3 replicas add a PDB; removing both prunes them.
+    let ingresses: Api<Ingress> = Api::namespaced(rig.kube_client.clone(), "default");
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(rig.kube_client.clone(), "default");
+    let mut bigger = spec("ghcr.io/acme/gw:2");
+    bigger.route =
+        Some(Route { host: "edge.example.com".into(), tls_secret_name: "edge-tls".into() });
+    bigger.replicas = Some(3);
+    rig.update(
+        Gateway {
+            metadata: Some(ObjectMeta { name: "edge".into(), ..Default::default() }),
+            spec: Some(bigger),
+            status: None,
+        },
+        &["spec"],
+    )
+    .await;
+    let routed = rig
+        .wait_for("edge", "routed", |g| {
+            g.status.as_ref().unwrap().observed_generation == 3
+                && g.status.as_ref().unwrap().phase() == Phase::Running
+        })
+        .await;
+    assert_eq!(routed.status.as_ref().unwrap().route_address, "edge.example.com");
+    assert!(ingresses.get_opt("edge").await.unwrap().is_some());
+    assert!(pdbs.get_opt("edge").await.unwrap().is_some());
+    rig.update(
+        Gateway {
+            metadata: Some(ObjectMeta { name: "edge".into(), ..Default::default() }),
+            spec: Some(spec("ghcr.io/acme/gw:2")),
+            status: None,
+        },
+        &["spec"],
+    )
+    .await;
+    rig.wait_for("edge", "back to one replica", |g| {
+        g.status.as_ref().unwrap().observed_generation == 4
+            && g.status.as_ref().unwrap().phase() == Phase::Running
+    })
+    .await;
+    assert!(ingresses.get_opt("edge").await.unwrap().is_none(), "the Ingress was pruned");
+    assert!(pdbs.get_opt("edge").await.unwrap().is_none(), "the PDB was pruned");
+
+    // Delete: owned objects go, then the finalizer, then the gateway.
+    rig.client
+        .clone()
+        .delete_gateway(DeleteGatewayRequest { name: "edge".into(), resource_version: 0 })
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while rig.get("edge").await.is_ok() {
+        assert!(tokio::time::Instant::now() < deadline, "the gateway was never removed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(rig.get("edge").await.unwrap_err().code(), Code::NotFound);
+    assert!(rig.deployments().get_opt("edge").await.unwrap().is_none());
+    assert!(cm.get_opt("edge").await.unwrap().is_none());
+    rig.stop().await;
+}
+
+fn meta(g: &Gateway) -> &ObjectMeta {
+    g.metadata.as_ref().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_rollout_is_degraded_until_it_heals() {
+    let rig = Rig::start().await;
+    rig.kube.set_stalled("default", "slow", true);
+    rig.create("slow", spec("ghcr.io/acme/gw:1")).await;
+    let degraded = rig
+        .wait_for("slow", "DEGRADED", |g| {
+            g.status.as_ref().is_some_and(|s| s.phase() == Phase::Degraded)
+        })
+        .await;
+    let status = degraded.status.unwrap();
+    assert_eq!(status.observed_generation, 1, "the manifests of generation 1 were applied");
+    let stalled = status.conditions.iter().find(|c| c.r#type == "Stalled").unwrap();
+    assert_eq!(
+        (stalled.status(), stalled.reason.as_str()),
+        (ConditionStatus::True, "ProgressDeadlineExceeded")
+    );
+    rig.kube.set_stalled("default", "slow", false);
+    rig.wait_running("slow").await;
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_spend_the_budget_then_fail_truthfully_and_recover() {
+    let rig = Rig::start().await;
+    let fail_deployments = || FaultRule {
+        verb: Some("apply".into()),
+        resource: Some("apps/deployments".into()),
+        action: FaultAction::Status { code: 500, retry_after: None },
+        rate: 1.0,
+        remaining: None,
+    };
+    rig.kube.inject(fail_deployments());
+    rig.create("flaky", spec("ghcr.io/acme/gw:1")).await;
+    let failed = rig
+        .wait_for("flaky", "FAILED", |g| {
+            g.status.as_ref().is_some_and(|s| s.phase() == Phase::Failed)
+        })
+        .await;
+    let status = failed.status.clone().unwrap();
+    assert!(status.message.contains("500"), "{}", status.message);
+    assert_eq!(status.failure_count, 3);
+    assert_eq!(status.observed_generation, 0, "nothing was applied");
+    let attempts = |rig: &Rig| {
+        rig.kube
+            .requests()
+            .iter()
+            .filter(|r| r.verb == "apply" && r.resource == "apps/deployments")
+            .count()
+    };
+    assert_eq!(attempts(&rig), 3, "exactly the budget");
+
+    // Over the next failed window (2 s) at most one more attempt.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let after_window = attempts(&rig);
+    assert!((3..=5).contains(&after_window), "bounded retries after the window: {after_window}");
+
+    // A spec fix retries at once and converges.
+    rig.kube.clear_faults();
+    rig.update(
+        Gateway {
+            metadata: Some(ObjectMeta { name: "flaky".into(), ..Default::default() }),
+            spec: Some(spec("ghcr.io/acme/gw:2")),
+            status: None,
+        },
+        &["spec"],
+    )
+    .await;
+    let fixed = rig.wait_running("flaky").await;
+    assert_eq!(fixed.status.unwrap().failure_count, 0);
+
+    // FAILED again, then a retry request (no spec change) resets it.
+    rig.kube.inject(fail_deployments());
+    rig.update(
+        Gateway {
+            metadata: Some(ObjectMeta { name: "flaky".into(), ..Default::default() }),
+            spec: Some(spec("ghcr.io/acme/gw:3")),
+            status: None,
+        },
+        &["spec"],
+    )
+    .await;
+    rig.wait_for("flaky", "FAILED again", |g| {
+        g.status.as_ref().is_some_and(|s| s.phase() == Phase::Failed)
+    })
+    .await;
+    rig.kube.clear_faults();
+    let mut retry = Gateway {
+        metadata: Some(ObjectMeta { name: "flaky".into(), ..Default::default() }),
+        ..Default::default()
+    };
+    retry
+        .metadata
+        .as_mut()
+        .unwrap()
+        .annotations
+        .insert(RETRY_ANNOTATION.into(), "2026-12-03T10:00:00Z".into());
+    let generation = meta(&rig.update(retry, &["metadata.annotations"]).await).generation;
+    let recovered = tokio::time::timeout(Duration::from_millis(1500), rig.wait_running("flaky"))
+        .await
+        .expect("the retry request acts before the failed window ends");
+    assert_eq!(meta(&recovered).generation, generation, "no spec change was needed");
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_band_changes_to_owned_objects_are_repaired() {
+    let rig = Rig::start().await;
+    rig.create("drift", spec("ghcr.io/acme/gw:1")).await;
+    rig.wait_running("drift").await;
+    let deployments = rig.deployments();
+
+    let edit = serde_json::json!({"spec": {"template": {"spec": {"containers": [{"name": "gateway", "image": "evil:1"}]}}}});
+    deployments.patch("drift", &PatchParams::apply("someone-else").force(), &Patch::Apply(serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "drift"}, "spec": edit["spec"],
+    }))).await.unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let d = deployments.get("drift").await.unwrap();
+        let image = d
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
+            .containers
+            .into_iter()
+            .find(|c| c.name == "gateway")
+            .unwrap()
+            .image
+            .unwrap();
+        if image == "ghcr.io/acme/gw:1" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the edited Deployment was never repaired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    deployments.delete("drift", &DeleteParams::default()).await.unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while deployments.get_opt("drift").await.unwrap().is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the deleted Deployment was never re-created"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    rig.wait_running("drift").await;
+    rig.stop().await;
+}
