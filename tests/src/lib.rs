@@ -19,12 +19,32 @@ fn workspace_root() -> PathBuf {
 pub fn binary(name: &str) -> PathBuf {
     static BUILT: OnceLock<()> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let status = Command::new(env!("CARGO"))
+        // Cargo sets CARGO_MANIFEST_DIR and friends for the test process;
+        // some build scripts track them, so passing them on would rebuild
+        // half the dependency tree. Hand the inner cargo a clean slate.
+        let mut cargo = Command::new(env!("CARGO"));
+        for (key, _) in std::env::vars_os() {
+            let key = key.to_string_lossy().into_owned();
+            let set_for_tests = [
+                "CARGO_MANIFEST_",
+                "CARGO_PKG_",
+                "CARGO_CRATE_",
+                "CARGO_BIN_",
+                "CARGO_PRIMARY_",
+                "CARGO_TARGET_TMPDIR",
+            ];
+            if set_for_tests.iter().any(|p| key.starts_with(p)) {
+                cargo.env_remove(&key);
+            }
+        }
+        // The same targets `cargo test --workspace` builds, so the feature
+        // set matches and nothing is rebuilt when the suite runs as a whole.
+        let status = cargo
             .current_dir(workspace_root())
-            .args(["build", "--quiet", "--bins"])
+            .args(["build", "--quiet", "--workspace", "--all-targets"])
             .status()
             .expect("run cargo build");
-        assert!(status.success(), "cargo build --bins failed");
+        assert!(status.success(), "cargo build failed");
     });
     let exe = std::env::current_exe().expect("test executable path");
     // target/<profile>/deps/<test> -> target/<profile>/<name>
