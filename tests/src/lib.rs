@@ -111,8 +111,17 @@ impl StoreProcess {
     /// Starts a store without authentication on `database_url`, waiting
     /// until it is ready.
     pub fn start(database_url: &str, data_dir: &std::path::Path) -> StoreProcess {
+        Self::start_with(database_url, data_dir, &[])
+    }
+
+    /// As [`StoreProcess::start`], with more flags.
+    pub fn start_with(
+        database_url: &str,
+        data_dir: &std::path::Path,
+        extra: &[&str],
+    ) -> StoreProcess {
         let (grpc, http) = (free_port(), free_port());
-        let args = vec![
+        let mut args: Vec<String> = vec![
             "--allow-unauthenticated".into(),
             "--listen".into(),
             format!("127.0.0.1:{grpc}"),
@@ -123,6 +132,7 @@ impl StoreProcess {
             "--data-dir".into(),
             data_dir.display().to_string(),
         ];
+        args.extend(extra.iter().map(|a| a.to_string()));
         let mut store = StoreProcess { args, grpc, http, child: None };
         store.spawn();
         store
@@ -152,6 +162,100 @@ impl StoreProcess {
             let _ = Command::new("kill").args(["-KILL", &child.id().to_string()]).status();
             let _ = child.wait();
         }
+    }
+}
+
+/// A `gateway-reconciler` process, restartable with the same arguments.
+#[derive(Debug)]
+pub struct ReconcilerProcess {
+    args: Vec<String>,
+    pub http: u16,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl ReconcilerProcess {
+    /// Starts the reconciler against `store` with `extra` flags and waits
+    /// until it has listed the store.
+    pub fn start(store: &str, extra: &[&str]) -> ReconcilerProcess {
+        let http = free_port();
+        let mut args: Vec<String> = vec![
+            "--store".into(),
+            store.into(),
+            "--http-listen".into(),
+            format!("127.0.0.1:{http}"),
+            "--log-format".into(),
+            "json".into(),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let log = std::env::temp_dir().join(format!("gantry-e2e-reconciler-{http}.log"));
+        let mut reconciler = ReconcilerProcess { args, http, child: None, log };
+        reconciler.spawn();
+        reconciler
+    }
+
+    /// Starts the process (again) and waits for `/readyz`.
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("open the log file");
+        let child = Command::new(binary("gateway-reconciler"))
+            .args(&self.args)
+            .env("GANTRY_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start gateway-reconciler");
+        self.child = Some(child);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if wait_for_http(self.http, "/readyz", Duration::from_secs(60))
+                .starts_with("HTTP/1.1 200")
+            {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "the reconciler never became ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Everything the process (and its earlier runs) logged.
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends `signal` (e.g. `-STOP`, `-CONT`, `-KILL`) to the process.
+    pub fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill").args([signal, &child.id().to_string()]).status();
+        }
+    }
+
+    /// SIGKILL, and wait for the process to be gone.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill").args(["-KILL", &child.id().to_string()]).status();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, and the exit status.
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        child.wait().ok()
+    }
+}
+
+impl Drop for ReconcilerProcess {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_file(&self.log);
     }
 }
 

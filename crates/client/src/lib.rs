@@ -114,7 +114,7 @@ impl ClientConfig {
     /// A client that connects on first use and reconnects by itself.
     pub fn connect_lazy(&self) -> Result<GatewayClient, ClientError> {
         let channel = self.endpoint()?.connect_lazy();
-        Ok(GatewayServiceClient::with_interceptor(channel, self.bearer()?))
+        Ok(wrap(channel, self.bearer()?))
     }
 }
 
@@ -125,5 +125,14 @@ pub async fn connect(config: &ClientConfig) -> Result<GatewayClient, ClientError
         .connect()
         .await
         .map_err(|source| ClientError::Connect { endpoint: config.endpoint.clone(), source })?;
-    Ok(GatewayServiceClient::with_interceptor(channel, config.bearer()?))
+    Ok(wrap(channel, config.bearer()?))
+}
+
+/// Largest message the client accepts: the store bounds its pages well
+/// below this, and a single gateway is at most 1 MiB.
+pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
+
+fn wrap(channel: Channel, token: BearerToken) -> GatewayClient {
+    GatewayServiceClient::with_interceptor(channel, token)
+        .max_decoding_message_size(MAX_RESPONSE_BYTES)
 }

@@ -66,6 +66,15 @@ impl Default for WatchOptions {
     }
 }
 
+/// Whether the store said the watched revision is older than its history
+/// (OUT_OF_RANGE with reason REVISION_COMPACTED). Other OUT_OF_RANGE
+/// errors, such as a message over the size limit, are not compaction.
+pub fn is_compacted(status: &Status) -> bool {
+    use tonic_types::StatusExt as _;
+    status.code() == Code::OutOfRange
+        && status.get_details_error_info().is_some_and(|info| info.reason == "REVISION_COMPACTED")
+}
+
 /// Errors that retrying cannot fix: the caller must change something.
 fn is_permanent(code: Code) -> bool {
     matches!(
@@ -130,10 +139,16 @@ async fn run(
             Err(Stop::Permanent(status)) if is_permanent(status.code()) => return Err(status),
             Err(Stop::Permanent(status)) => status,
         };
-        if status.code() == Code::OutOfRange {
+        if is_compacted(&status) {
             tracing::info!(revision, "watch revision compacted; relisting");
             revision = None;
-            continue;
+            // A relist right away is normal; relisting again and again
+            // (history shorter than the write rate) backs off like any
+            // other failure.
+            if failures == 0 {
+                failures = 1;
+                continue;
+            }
         }
         let delay = options.backoff.delay(failures, fastrand::f64());
         failures = failures.saturating_add(1);

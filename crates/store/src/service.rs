@@ -29,9 +29,10 @@ use crate::writer::Writer;
 /// Default and maximum `page_size` of ListGateways.
 pub const DEFAULT_PAGE_SIZE: usize = 100;
 pub const MAX_PAGE_SIZE: usize = 1000;
-/// A page stops growing past this many encoded bytes, so a response stays
-/// well under the encoding limit even with large gateways.
-pub const PAGE_BYTE_BUDGET: usize = 4 * 1024 * 1024;
+/// A page stops before it would exceed this many encoded bytes (it always
+/// holds at least one gateway, itself at most 1 MiB), so a response stays
+/// under the 4 MiB a default gRPC client accepts.
+pub const PAGE_BYTE_BUDGET: usize = 2 * 1024 * 1024;
 
 /// The gRPC service over a [`Storage`].
 #[derive(Debug, Clone)]
@@ -138,13 +139,14 @@ impl GatewayApi {
                     after = gateway_name(&gateway);
                     continue;
                 }
+                let size = gateway.encoded_len();
                 if gateways.len() == page_size
-                    || (bytes >= PAGE_BYTE_BUDGET && !gateways.is_empty())
+                    || (bytes + size > PAGE_BYTE_BUDGET && !gateways.is_empty())
                 {
                     more = true;
                     break 'scan;
                 }
-                bytes += gateway.encoded_len();
+                bytes += size;
                 after = gateway_name(&gateway);
                 gateways.push(gateway);
             }

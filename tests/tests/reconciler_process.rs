@@ -1,0 +1,269 @@
+//! The gateway-reconciler binary with a gateway-store process: the
+//! directory target's lifecycle on files, SIGKILL and restarts of either
+//! process, and a watch that falls behind compaction.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use gantry_api::v1::{
+    CreateGatewayRequest, DeleteGatewayRequest, Gateway, GatewaySpec, GetGatewayRequest,
+    ObjectMeta, Phase, Route, UpdateGatewayRequest,
+};
+use gantry_client::{ClientConfig, GatewayClient};
+use gantry_e2e::{temp_dir, ReconcilerProcess, StoreProcess};
+use gantry_kube_fake::{KubeFake, Options};
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{Api, ListParams};
+use prost_types::FieldMask;
+
+const PATIENCE: Duration = Duration::from_secs(60);
+
+fn gateway(name: &str, spec: GatewaySpec) -> Gateway {
+    Gateway {
+        metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
+        spec: Some(spec),
+        status: None,
+    }
+}
+
+fn spec(image: &str) -> GatewaySpec {
+    GatewaySpec { image: image.into(), ..Default::default() }
+}
+
+async fn client(store: &StoreProcess) -> GatewayClient {
+    ClientConfig { endpoint: store.endpoint(), ..Default::default() }.connect_lazy().unwrap()
+}
+
+async fn create(client: &GatewayClient, name: &str, spec: GatewaySpec) {
+    client
+        .clone()
+        .create_gateway(CreateGatewayRequest { gateway: Some(gateway(name, spec)) })
+        .await
+        .unwrap();
+}
+
+async fn set_spec(client: &GatewayClient, name: &str, spec: GatewaySpec) {
+    let mask = Some(FieldMask { paths: vec!["spec".into()] });
+    client
+        .clone()
+        .update_gateway(UpdateGatewayRequest {
+            gateway: Some(gateway(name, spec)),
+            update_mask: mask,
+        })
+        .await
+        .unwrap();
+}
+
+/// Waits until the gateway is RUNNING at its generation (retrying through
+/// store restarts).
+async fn wait_running(client: &GatewayClient, name: &str) -> Gateway {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Ok(g) = client.clone().get_gateway(GetGatewayRequest { name: name.into() }).await {
+            let g = g.into_inner();
+            let s = g.status.clone().unwrap_or_default();
+            if s.phase() == Phase::Running
+                && s.observed_generation == g.metadata.as_ref().unwrap().generation
+            {
+                return g;
+            }
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{name} never converged");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map(|entries| entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_directory_target_writes_whole_files_and_cleans_up() {
+    let dir = temp_dir("directory-target");
+    let manifests = dir.join("manifests");
+    let store = StoreProcess::start(&format!("sqlite://{}", dir.join("gantry.db").display()), &dir);
+    let _reconciler = ReconcilerProcess::start(
+        &store.endpoint(),
+        &[
+            "--target",
+            "directory",
+            "--directory",
+            manifests.to_str().unwrap(),
+            "--poll-interval",
+            "100ms",
+        ],
+    );
+    let c = client(&store).await;
+    create(&c, "edge", spec("ghcr.io/acme/gw:1")).await;
+    let running = wait_running(&c, "edge").await;
+    let ready = running
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.r#type == "Ready")
+        .unwrap()
+        .clone();
+    assert_eq!(ready.reason, "ManifestsWritten", "the condition says nothing runs the files");
+    let gateway_dir = manifests.join("edge");
+    assert_eq!(
+        files(&gateway_dir),
+        ["configmap.yaml", "deployment.yaml", "service.yaml", "serviceaccount.yaml"]
+    );
+    let deployment = std::fs::read_to_string(gateway_dir.join("deployment.yaml")).unwrap();
+    assert!(
+        deployment.contains("kind: Deployment") && deployment.contains("image: ghcr.io/acme/gw:1"),
+        "{deployment}"
+    );
+
+    let mut routed = spec("ghcr.io/acme/gw:2");
+    routed.route = Some(Route { host: "edge.example.com".into(), tls_secret_name: String::new() });
+    set_spec(&c, "edge", routed).await;
+    let g = wait_running(&c, "edge").await;
+    assert_eq!(g.status.unwrap().observed_generation, 2);
+    assert!(files(&gateway_dir).contains(&"ingress.yaml".to_string()));
+    assert!(std::fs::read_to_string(gateway_dir.join("deployment.yaml"))
+        .unwrap()
+        .contains("image: ghcr.io/acme/gw:2"));
+
+    set_spec(&c, "edge", spec("ghcr.io/acme/gw:2")).await;
+    wait_running(&c, "edge").await;
+    let now = files(&gateway_dir);
+    assert!(!now.contains(&"ingress.yaml".to_string()), "the Ingress file was pruned");
+    assert!(now.iter().all(|f| f.ends_with(".yaml")), "no temporary files left: {now:?}");
+
+    c.clone()
+        .delete_gateway(DeleteGatewayRequest { name: "edge".into(), resource_version: 0 })
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while c.clone().get_gateway(GetGatewayRequest { name: "edge".into() }).await.is_ok() {
+        assert!(tokio::time::Instant::now() < deadline, "the gateway was never removed");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(!gateway_dir.exists(), "the gateway's directory was removed");
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kills_and_restarts_of_either_process_converge_without_duplicates() {
+    let dir = temp_dir("reconciler-restarts");
+    let kube = KubeFake::start_with(Options {
+        rollout_delay: Duration::from_millis(10),
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(&kubeconfig, kube.kubeconfig()).unwrap();
+    let mut store =
+        StoreProcess::start(&format!("sqlite://{}", dir.join("gantry.db").display()), &dir);
+    let args = [
+        "--target",
+        "kube",
+        "--kubeconfig",
+        kubeconfig.to_str().unwrap(),
+        "--namespace",
+        "default",
+        "--poll-interval",
+        "100ms",
+    ];
+    let mut reconciler = ReconcilerProcess::start(&store.endpoint(), &args);
+    let c = client(&store).await;
+
+    for i in 0..10 {
+        create(&c, &format!("gw-{i}"), spec("ghcr.io/acme/gw:1")).await;
+    }
+    // Kill the reconciler while it is applying, and start it again.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !kube.requests().iter().any(|r| r.verb == "apply" && r.resource == "apps/deployments") {
+        assert!(tokio::time::Instant::now() < deadline, "nothing was applied");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    reconciler.kill9();
+    reconciler.spawn();
+    for i in 0..10 {
+        wait_running(&c, &format!("gw-{i}")).await;
+    }
+
+    // The store dies under the reconciler and comes back: it resumes.
+    store.kill9();
+    store.spawn();
+    create(&c, "after-restart", spec("ghcr.io/acme/gw:1")).await;
+    wait_running(&c, "after-restart").await;
+
+    let client = kube::Client::try_from(kube::Config::new(kube.url().parse().unwrap())).unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(client, "default");
+    let listed = deployments
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=gantry"))
+        .await
+        .unwrap();
+    assert_eq!(listed.items.len(), 11, "one Deployment per gateway, no duplicates");
+    assert_eq!(reconciler.terminate().map(|s| s.success()), Some(true), "clean exit on SIGTERM");
+    drop(store);
+    kube.stop().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconciler_behind_compaction_relists_and_misses_nothing() {
+    let dir = temp_dir("reconciler-relist");
+    let manifests = dir.join("manifests");
+    let store = StoreProcess::start_with(
+        &format!("sqlite://{}", dir.join("gantry.db").display()),
+        &dir,
+        &[
+            "--watch-buffer",
+            "2",
+            "--watch-cache-events",
+            "4",
+            "--history-max-events",
+            "3",
+            "--compaction-interval",
+            "100ms",
+        ],
+    );
+    let reconciler = ReconcilerProcess::start(
+        &store.endpoint(),
+        &[
+            "--target",
+            "directory",
+            "--directory",
+            manifests.to_str().unwrap(),
+            "--poll-interval",
+            "100ms",
+        ],
+    );
+    let c = client(&store).await;
+    create(&c, "first", spec("ghcr.io/acme/gw:1")).await;
+    wait_running(&c, "first").await;
+
+    // Frozen, the reconciler falls behind the watch buffer and the history.
+    // Large gateways (200 KiB of config each) overflow the socket and
+    // HTTP/2 buffers that would otherwise absorb the stall.
+    reconciler.signal("-STOP");
+    for i in 0..30 {
+        let mut big = spec("ghcr.io/acme/gw:1");
+        big.config.insert("blob".into(), "x".repeat(200 * 1024));
+        create(&c, &format!("while-stopped-{i}"), big).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await; // compaction runs every 100 ms
+    reconciler.signal("-CONT");
+    for i in 0..30 {
+        wait_running(&c, &format!("while-stopped-{i}")).await;
+    }
+    assert_eq!(files(&manifests).len(), 31);
+    let logs = reconciler.logs();
+    assert!(logs.contains("relisting"), "the watch fell behind compaction and relisted:\n{logs}");
+    drop(reconciler);
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+}
