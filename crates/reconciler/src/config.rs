@@ -93,6 +93,24 @@ pub struct Config {
     #[arg(long, env = "GANTRY_POLL_INTERVAL", default_value = "2s", value_parser = parse_duration)]
     pub poll_interval: Duration,
 
+    /// Elect one leader among replicas through a coordination.k8s.io Lease
+    /// (needs a cluster: in-cluster config or --kubeconfig); only the leader
+    /// reconciles.
+    #[arg(long, env = "GANTRY_LEADER_ELECT")]
+    pub leader_elect: bool,
+
+    /// Name of the Lease (in --namespace) used for leader election.
+    #[arg(long, env = "GANTRY_LEASE_NAME", default_value = "gateway-reconciler")]
+    pub lease_name: String,
+
+    /// How long a leader's lease lasts without renewal.
+    #[arg(long, env = "GANTRY_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+
+    /// This replica's identity in the Lease (default: host name and pid).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+
     /// Supervisor image for gateways that do not name one.
     #[arg(
         long,

@@ -156,7 +156,32 @@ impl Controller {
 
     /// Runs until `shutdown`, then lets in-flight passes finish.
     pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()> + Send) {
+        let (_always, leading) = tokio::sync::watch::channel(true);
+        self.run_while_leading(leading, shutdown).await;
+    }
+
+    /// As [`Controller::run`], but passes run only while `leading` is true
+    /// (leader election). Followers keep their cache warm; a new leader
+    /// re-checks every gateway.
+    pub async fn run_while_leading(
+        self: Arc<Self>,
+        leading: tokio::sync::watch::Receiver<bool>,
+        shutdown: impl std::future::Future<Output = ()> + Send,
+    ) {
         let mut tasks = Vec::new();
+        {
+            let (controller, mut leading) = (self.clone(), leading.clone());
+            tasks.push(tokio::spawn(async move {
+                while leading.changed().await.is_ok() {
+                    if *leading.borrow_and_update() {
+                        let names: Vec<String> = lock(&controller.cache).keys().cloned().collect();
+                        for name in names {
+                            controller.queue.add(&name);
+                        }
+                    }
+                }
+            }));
+        }
         tasks.push(tokio::spawn(self.clone().watch_store()));
         if let Some(mut owned) = self.target.watch_owned() {
             let controller = self.clone();
@@ -171,9 +196,22 @@ impl Controller {
         tasks.push(tokio::spawn(self.clone().resync()));
         let workers: Vec<_> = (0..self.settings.concurrency.max(1))
             .map(|_| {
-                let controller = self.clone();
+                let (controller, mut leading) = (self.clone(), leading.clone());
                 tokio::spawn(async move {
-                    while let Some(name) = controller.queue.next().await {
+                    loop {
+                        if leading.wait_for(|l| *l).await.is_err() {
+                            return;
+                        }
+                        let next = tokio::select! {
+                            next = controller.queue.next() => next,
+                            // Leadership lost: wait to lead again. The
+                            // election gone (its sender dropped): stop.
+                            lost = leading.wait_for(|l| !*l) => match lost {
+                                Ok(_) => continue,
+                                Err(_) => return,
+                            },
+                        };
+                        let Some(name) = next else { return };
                         controller.reconcile(&name).await;
                         controller.queue.done(&name);
                     }

@@ -15,6 +15,7 @@
 pub mod config;
 pub mod controller;
 pub mod http;
+pub mod leader;
 pub mod metrics;
 pub mod queue;
 pub mod render;
@@ -109,11 +110,16 @@ pub async fn run(
     let ca_pem = config.store_ca.as_deref().map(|p| read("store CA", p)).transpose()?;
     let client = ClientConfig { endpoint: config.store.clone(), token, ca_pem, tls_domain: None }
         .connect_lazy()?;
-    let target: Arc<dyn Target> = match config.target {
-        TargetKind::Kube => {
-            Arc::new(KubeTarget::new(kube_client(&config).await?, config.namespace.clone()))
+    let kube = if config.target == TargetKind::Kube || config.leader_elect {
+        Some(kube_client(&config).await?)
+    } else {
+        None
+    };
+    let target: Arc<dyn Target> = match (&config.target, &kube) {
+        (TargetKind::Kube, Some(client)) => {
+            Arc::new(KubeTarget::new(client.clone(), config.namespace.clone()))
         }
-        TargetKind::Directory => Arc::new(DirectoryTarget::new(config.directory.clone())),
+        _ => Arc::new(DirectoryTarget::new(config.directory.clone())),
     };
     let controller =
         Controller::new(client, target, settings(&config), Arc::new(Metrics::default()));
@@ -131,10 +137,41 @@ pub async fn run(
     let http = axum::serve(listener, http::router(controller.clone()))
         .with_graceful_shutdown(stopped(stop_rx.clone()));
     tracing::info!(store = %config.store, target = ?config.target, http = %config.http_listen, "gateway-reconciler running");
-    let (_, http_result) = tokio::join!(controller.run(stopped(stop_rx)), http);
+    let (leading_tx, leading) = tokio::sync::watch::channel(!config.leader_elect);
+    let election = match (&kube, config.leader_elect) {
+        (Some(client), true) => {
+            let identity = config.identity.clone().unwrap_or_else(default_identity);
+            let settings = leader::ElectionSettings {
+                lease_name: config.lease_name.clone(),
+                namespace: config.namespace.clone(),
+                identity,
+                lease_duration: config.lease_duration,
+                retry_period: (config.lease_duration / 5)
+                    .max(std::time::Duration::from_millis(100)),
+            };
+            let api = kube::Api::namespaced(client.clone(), &config.namespace);
+            Some(tokio::spawn(leader::run(api, settings, leading_tx, stop_rx.clone())))
+        }
+        _ => None,
+    };
+    let (_, http_result) =
+        tokio::join!(controller.run_while_leading(leading, stopped(stop_rx)), http);
+    if let Some(election) = election {
+        // Releases the lease so a successor need not wait for it to expire.
+        let _ = election.await;
+    }
     http_result.map_err(RunError::Http)?;
     tracing::info!("gateway-reconciler stopped");
     Ok(())
+}
+
+/// `<host name>-<pid>`: unique per replica in a cluster and on one machine.
+fn default_identity() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_string()))
+        .unwrap_or_else(|| "gateway-reconciler".into());
+    format!("{host}-{}", std::process::id())
 }
 
 /// Installs the tracing subscriber for the binary.

@@ -1,0 +1,180 @@
+//! Two reconciler replicas with leader election through a Lease on
+//! kube-fake: only the leader writes; when it dies without releasing the
+//! lease, the other takes over once the lease expires.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::stream::BoxStream;
+use gantry_api::v1::{
+    CreateGatewayRequest, Gateway, GatewaySpec, GetGatewayRequest, ObjectMeta, Phase,
+};
+use gantry_client::ClientConfig;
+use gantry_e2e::{temp_dir, StoreProcess};
+use gantry_kube_fake::{KubeFake, Options};
+use gantry_reconciler::controller::{Controller, Settings};
+use gantry_reconciler::leader::{self, ElectionSettings};
+use gantry_reconciler::metrics::Metrics;
+use gantry_reconciler::render::Rendered;
+use gantry_reconciler::status::Observation;
+use gantry_reconciler::target::kube::KubeTarget;
+use gantry_reconciler::target::{Target, TargetError};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use serde_json::Value;
+
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The real kube target, counting the applies this replica makes.
+#[derive(Debug)]
+struct Counted {
+    inner: KubeTarget,
+    applies: Arc<AtomicUsize>,
+}
+
+#[tonic::async_trait]
+impl Target for Counted {
+    async fn apply(&self, gateway: &str, manifests: &[Value]) -> Result<(), TargetError> {
+        self.applies.fetch_add(1, Ordering::SeqCst);
+        self.inner.apply(gateway, manifests).await
+    }
+    async fn observe(
+        &self,
+        gateway: &str,
+        rendered: &Rendered,
+    ) -> Result<Observation, TargetError> {
+        self.inner.observe(gateway, rendered).await
+    }
+    async fn delete(&self, gateway: &str) -> Result<bool, TargetError> {
+        self.inner.delete(gateway).await
+    }
+    fn watch_owned(&self) -> Option<BoxStream<'static, String>> {
+        self.inner.watch_owned()
+    }
+    fn name(&self) -> &'static str {
+        "kube"
+    }
+}
+
+struct Replica {
+    applies: Arc<AtomicUsize>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+fn start_replica(identity: &str, store: &StoreProcess, kube_client: &kube::Client) -> Replica {
+    let applies = Arc::new(AtomicUsize::new(0));
+    let target = Arc::new(Counted {
+        inner: KubeTarget::new(kube_client.clone(), "default"),
+        applies: applies.clone(),
+    });
+    let client =
+        ClientConfig { endpoint: store.endpoint(), ..Default::default() }.connect_lazy().unwrap();
+    let settings = Settings { poll_interval: Duration::from_millis(100), ..Settings::default() };
+    let controller = Controller::new(client, target, settings, Arc::new(Metrics::default()));
+    let (leading_tx, leading) = tokio::sync::watch::channel(false);
+    let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let election = ElectionSettings {
+        lease_name: "gateway-reconciler".into(),
+        namespace: "default".into(),
+        identity: identity.into(),
+        lease_duration: Duration::from_secs(1),
+        retry_period: Duration::from_millis(100),
+    };
+    let api: Api<Lease> = Api::namespaced(kube_client.clone(), "default");
+    let tasks = vec![
+        tokio::spawn(async move {
+            let _keep = _stop_tx;
+            leader::run(api, election, leading_tx, stop_rx).await;
+        }),
+        tokio::spawn(controller.run_while_leading(leading, std::future::pending())),
+    ];
+    Replica { applies, tasks }
+}
+
+async fn wait_running(client: &gantry_client::GatewayClient, name: &str) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let g = client
+            .clone()
+            .get_gateway(GetGatewayRequest { name: name.into() })
+            .await
+            .unwrap()
+            .into_inner();
+        let s = g.status.unwrap_or_default();
+        if s.phase() == Phase::Running && s.observed_generation == g.metadata.unwrap().generation {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{name} never converged");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn holder(kube_client: &kube::Client) -> String {
+    let api: Api<Lease> = Api::namespaced(kube_client.clone(), "default");
+    api.get_opt("gateway-reconciler")
+        .await
+        .unwrap()
+        .and_then(|l| l.spec?.holder_identity)
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_leader_reconciles_and_a_follower_takes_over() {
+    let dir = temp_dir("reconciler-ha");
+    let store = StoreProcess::start(&format!("sqlite://{}", dir.join("gantry.db").display()), &dir);
+    let kube = KubeFake::start_with(Options {
+        rollout_delay: Duration::from_millis(10),
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    let kube_client =
+        kube::Client::try_from(kube::Config::new(kube.url().parse().unwrap())).unwrap();
+    let a = start_replica("replica-a", &store, &kube_client);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while holder(&kube_client).await != "replica-a" {
+        assert!(tokio::time::Instant::now() < deadline, "replica-a never led");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let b = start_replica("replica-b", &store, &kube_client);
+
+    let client =
+        ClientConfig { endpoint: store.endpoint(), ..Default::default() }.connect_lazy().unwrap();
+    let create = |name: &str| {
+        let g = Gateway {
+            metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
+            spec: Some(GatewaySpec { image: "ghcr.io/acme/gw:1".into(), ..Default::default() }),
+            status: None,
+        };
+        let mut c = client.clone();
+        async move { c.create_gateway(CreateGatewayRequest { gateway: Some(g) }).await.unwrap() }
+    };
+    for i in 0..5 {
+        create(&format!("gw-{i}")).await;
+    }
+    for i in 0..5 {
+        wait_running(&client, &format!("gw-{i}")).await;
+    }
+    assert!(a.applies.load(Ordering::SeqCst) >= 5);
+    assert_eq!(b.applies.load(Ordering::SeqCst), 0, "the follower wrote nothing");
+
+    // The leader dies without releasing its lease.
+    let killed = tokio::time::Instant::now();
+    for task in a.tasks {
+        task.abort();
+    }
+    create("after-failover").await;
+    wait_running(&client, "after-failover").await;
+    assert_eq!(holder(&kube_client).await, "replica-b");
+    assert!(b.applies.load(Ordering::SeqCst) >= 1, "the new leader applied");
+    eprintln!("failover converged {:?} after the leader died (lease 1 s)", killed.elapsed());
+    for task in b.tasks {
+        task.abort();
+    }
+    drop(store);
+    kube.stop().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
