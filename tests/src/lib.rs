@@ -108,8 +108,8 @@ pub struct StoreProcess {
 }
 
 impl StoreProcess {
-    /// Starts a store without authentication on `database_url`, waiting
-    /// until it is ready.
+    /// Starts a store on `database_url` (without authentication unless
+    /// `extra` has `--tokens-file`), waiting until it is ready.
     pub fn start(database_url: &str, data_dir: &std::path::Path) -> StoreProcess {
         Self::start_with(database_url, data_dir, &[])
     }
@@ -122,7 +122,6 @@ impl StoreProcess {
     ) -> StoreProcess {
         let (grpc, http) = (free_port(), free_port());
         let mut args: Vec<String> = vec![
-            "--allow-unauthenticated".into(),
             "--listen".into(),
             format!("127.0.0.1:{grpc}"),
             "--http-listen".into(),
@@ -133,6 +132,9 @@ impl StoreProcess {
             data_dir.display().to_string(),
         ];
         args.extend(extra.iter().map(|a| a.to_string()));
+        if !extra.contains(&"--tokens-file") {
+            args.push("--allow-unauthenticated".into());
+        }
         let mut store = StoreProcess { args, grpc, http, child: None };
         store.spawn();
         store

@@ -87,19 +87,33 @@ fn files(dir: &Path) -> Vec<String> {
 async fn the_directory_target_writes_whole_files_and_cleans_up() {
     let dir = temp_dir("directory-target");
     let manifests = dir.join("manifests");
-    let store = StoreProcess::start(&format!("sqlite://{}", dir.join("gantry.db").display()), &dir);
+    // With authentication: the reconciler role is all the reconciler needs.
+    let tokens = dir.join("tokens.csv");
+    std::fs::write(&tokens, "editor-token-000000000001,eddie,editor\nreconciler-token-0000001,gateway-reconciler,reconciler\n").unwrap();
+    let token_file = dir.join("reconciler.token");
+    std::fs::write(&token_file, "reconciler-token-0000001\n").unwrap();
+    let database = format!("sqlite://{}", dir.join("gantry.db").display());
+    let store =
+        StoreProcess::start_with(&database, &dir, &["--tokens-file", tokens.to_str().unwrap()]);
+    let directory = manifests.to_str().unwrap();
+    let token = token_file.to_str().unwrap();
     let _reconciler = ReconcilerProcess::start(
         &store.endpoint(),
         &[
             "--target",
             "directory",
             "--directory",
-            manifests.to_str().unwrap(),
+            directory,
             "--poll-interval",
             "100ms",
+            "--token-file",
+            token,
         ],
     );
-    let c = client(&store).await;
+    let editor = Some("editor-token-000000000001".to_string());
+    let c = ClientConfig { endpoint: store.endpoint(), token: editor, ..Default::default() }
+        .connect_lazy()
+        .unwrap();
     create(&c, "edge", spec("ghcr.io/acme/gw:1")).await;
     let running = wait_running(&c, "edge").await;
     let ready = running
