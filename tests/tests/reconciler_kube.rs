@@ -446,6 +446,24 @@ async fn out_of_band_changes_to_owned_objects_are_repaired() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     rig.wait_running("drift").await;
+
+    // Any owned kind deleted out of band comes back.
+    let configmaps: Api<ConfigMap> = Api::namespaced(rig.kube_client.clone(), "default");
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(rig.kube_client.clone(), "default");
+    configmaps.delete("drift", &DeleteParams::default()).await.unwrap();
+    services.delete("drift", &DeleteParams::default()).await.unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while configmaps.get_opt("drift").await.unwrap().is_none()
+        || services.get_opt("drift").await.unwrap().is_none()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the deleted ConfigMap and Service were never re-created"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    rig.wait_running("drift").await;
     rig.stop().await;
 }
 
