@@ -128,6 +128,24 @@ impl Rig {
             .into_inner()
     }
 
+    async fn set_spec(&self, name: &str, spec: GatewaySpec) -> Gateway {
+        let g = Gateway {
+            metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
+            spec: Some(spec),
+            status: None,
+        };
+        self.update(g, &["spec"]).await
+    }
+
+    /// Waits until the gateway observed `generation` and is RUNNING.
+    async fn wait_generation(&self, name: &str, generation: i64) -> Gateway {
+        self.wait_for(name, &format!("RUNNING at generation {generation}"), |g| {
+            let s = g.status.clone().unwrap_or_default();
+            s.observed_generation == generation && s.phase() == Phase::Running
+        })
+        .await
+    }
+
     async fn get(&self, name: &str) -> Result<Gateway, tonic::Status> {
         self.client
             .clone()
@@ -217,21 +235,8 @@ async fn a_gateway_converges_changes_and_is_deleted() {
     assert!(cm.get("edge").await.unwrap().data.unwrap().contains_key("gantry.json"));
 
     // Spec change: the Deployment follows and observed_generation advances.
-    rig.update(
-        Gateway {
-            metadata: Some(ObjectMeta { name: "edge".into(), ..Default::default() }),
-            spec: Some(spec("ghcr.io/acme/gw:2")),
-            status: None,
-        },
-        &["spec"],
-    )
-    .await;
-    let changed = rig
-        .wait_for("edge", "at generation 2", |g| {
-            g.status.as_ref().unwrap().observed_generation == 2
-                && g.status.as_ref().unwrap().phase() == Phase::Running
-        })
-        .await;
+    rig.set_spec("edge", spec("ghcr.io/acme/gw:2")).await;
+    let changed = rig.wait_generation("edge", 2).await;
     assert_eq!(meta(&changed).generation, 2);
     let image = rig
         .deployments()
@@ -273,38 +278,13 @@ async fn a_gateway_converges_changes_and_is_deleted() {
     bigger.route =
         Some(Route { host: "edge.example.com".into(), tls_secret_name: "edge-tls".into() });
     bigger.replicas = Some(3);
-    rig.update(
-        Gateway {
-            metadata: Some(ObjectMeta { name: "edge".into(), ..Default::default() }),
-            spec: Some(bigger),
-            status: None,
-        },
-        &["spec"],
-    )
-    .await;
-    let routed = rig
-        .wait_for("edge", "routed", |g| {
-            g.status.as_ref().unwrap().observed_generation == 3
-                && g.status.as_ref().unwrap().phase() == Phase::Running
-        })
-        .await;
+    rig.set_spec("edge", bigger).await;
+    let routed = rig.wait_generation("edge", 3).await;
     assert_eq!(routed.status.as_ref().unwrap().route_address, "edge.example.com");
     assert!(ingresses.get_opt("edge").await.unwrap().is_some());
     assert!(pdbs.get_opt("edge").await.unwrap().is_some());
-    rig.update(
-        Gateway {
-            metadata: Some(ObjectMeta { name: "edge".into(), ..Default::default() }),
-            spec: Some(spec("ghcr.io/acme/gw:2")),
-            status: None,
-        },
-        &["spec"],
-    )
-    .await;
-    rig.wait_for("edge", "back to one replica", |g| {
-        g.status.as_ref().unwrap().observed_generation == 4
-            && g.status.as_ref().unwrap().phase() == Phase::Running
-    })
-    .await;
+    rig.set_spec("edge", spec("ghcr.io/acme/gw:2")).await;
+    rig.wait_generation("edge", 4).await;
     assert!(ingresses.get_opt("edge").await.unwrap().is_none(), "the Ingress was pruned");
     assert!(pdbs.get_opt("edge").await.unwrap().is_none(), "the PDB was pruned");
 
@@ -388,15 +368,7 @@ async fn failures_spend_the_budget_then_fail_truthfully_and_recover() {
 
     // A spec fix retries at once and converges.
     rig.kube.clear_faults();
-    rig.update(
-        Gateway {
-            metadata: Some(ObjectMeta { name: "flaky".into(), ..Default::default() }),
-            spec: Some(spec("ghcr.io/acme/gw:2")),
-            status: None,
-        },
-        &["spec"],
-    )
-    .await;
+    rig.set_spec("flaky", spec("ghcr.io/acme/gw:2")).await;
     let fixed = rig.wait_running("flaky").await;
     assert_eq!(fixed.status.unwrap().failure_count, 0);
 

@@ -294,16 +294,7 @@ impl Controller {
         if !meta.finalizers.iter().any(|f| f == FINALIZER) {
             let mut finalizers = meta.finalizers.clone();
             finalizers.push(FINALIZER.to_string());
-            let update = Gateway {
-                metadata: Some(ObjectMeta {
-                    name: name.into(),
-                    resource_version: meta.resource_version,
-                    finalizers,
-                    ..Default::default()
-                }),
-                ..Default::default()
-            };
-            match self.update(update, &["metadata.finalizers"]).await {
+            match self.set_finalizers(&meta, finalizers).await {
                 Ok(updated) => gateway = updated,
                 Err(outcome) => return outcome,
             }
@@ -444,16 +435,7 @@ impl Controller {
             Ok(Ok(true)) => {
                 let finalizers: Vec<String> =
                     meta.finalizers.iter().filter(|f| *f != FINALIZER).cloned().collect();
-                let update = Gateway {
-                    metadata: Some(ObjectMeta {
-                        name: name.into(),
-                        resource_version: meta.resource_version,
-                        finalizers,
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                };
-                match self.update(update, &["metadata.finalizers"]).await {
+                match self.set_finalizers(meta, finalizers).await {
                     Ok(_) => {
                         tracing::info!("owned objects deleted; finalizer removed");
                         "deleted"
@@ -476,6 +458,24 @@ impl Controller {
                 "error"
             }
         }
+    }
+
+    /// Writes `metadata.finalizers`, conditional on the version read.
+    async fn set_finalizers(
+        &self,
+        meta: &ObjectMeta,
+        finalizers: Vec<String>,
+    ) -> Result<Gateway, &'static str> {
+        let update = Gateway {
+            metadata: Some(ObjectMeta {
+                name: meta.name.clone(),
+                resource_version: meta.resource_version,
+                finalizers,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        self.update(update, &["metadata.finalizers"]).await
     }
 
     async fn write_status(
