@@ -234,6 +234,11 @@ pub async fn serve(
         .register_encoded_file_descriptor_set(gantry_api::v1::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
+    // Older tools (grpcurl before 1.9) only speak the v1alpha protocol.
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(gantry_api::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
 
     tokio::spawn(async move {
         shutdown.await;
@@ -253,11 +258,15 @@ pub async fn serve(
     }
     let grpc_addr = grpc.local_addr().ok();
     let http_addr = http.local_addr().ok();
-    let router = builder.add_service(health_service).add_service(reflection).add_service(
-        GatewayServiceServer::new(api)
-            .max_decoding_message_size(MAX_REQUEST_BYTES)
-            .max_encoding_message_size(MAX_RESPONSE_BYTES),
-    );
+    let router = builder
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(reflection_v1alpha)
+        .add_service(
+            GatewayServiceServer::new(api)
+                .max_decoding_message_size(MAX_REQUEST_BYTES)
+                .max_encoding_message_size(MAX_RESPONSE_BYTES),
+        );
 
     let http_server =
         axum::serve(http, http::router(settings.storage.clone(), metrics, hub.clone()))

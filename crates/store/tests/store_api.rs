@@ -680,6 +680,12 @@ async fn health_and_readiness_answer(store: &TestStore) {
         .into_inner();
     assert_eq!(answer.status(), tonic_health::pb::health_check_response::ServingStatus::Serving);
 
+    // Reflection answers without a token, in both protocol versions.
+    for v1alpha in [false, true] {
+        let names = reflected_services(store, v1alpha).await;
+        assert!(names.contains(&"gantry.v1.GatewayService".to_string()), "{names:?}");
+    }
+
     let mut c = store.client(EDITOR).await;
     get(&mut c, "nothing").await.unwrap_err();
     let ready = http_get(store.http, "/readyz").await;
@@ -691,6 +697,50 @@ async fn health_and_readiness_answer(store: &TestStore) {
         ),
         "{metrics}"
     );
+}
+
+async fn reflected_services(store: &TestStore, v1alpha: bool) -> Vec<String> {
+    use tonic_reflection::pb::{v1, v1alpha as alpha};
+    let channel = store.channel().await;
+    if v1alpha {
+        let mut client = alpha::server_reflection_client::ServerReflectionClient::new(channel);
+        let request = alpha::ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(alpha::server_reflection_request::MessageRequest::ListServices(
+                String::new(),
+            )),
+        };
+        let mut stream = client
+            .server_reflection_info(tokio_stream::iter([request]))
+            .await
+            .unwrap()
+            .into_inner();
+        match stream.message().await.unwrap().unwrap().message_response.unwrap() {
+            alpha::server_reflection_response::MessageResponse::ListServicesResponse(list) => {
+                list.service.into_iter().map(|s| s.name).collect()
+            }
+            other => panic!("{other:?}"),
+        }
+    } else {
+        let mut client = v1::server_reflection_client::ServerReflectionClient::new(channel);
+        let request = v1::ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(
+                String::new(),
+            )),
+        };
+        let mut stream = client
+            .server_reflection_info(tokio_stream::iter([request]))
+            .await
+            .unwrap()
+            .into_inner();
+        match stream.message().await.unwrap().unwrap().message_response.unwrap() {
+            v1::server_reflection_response::MessageResponse::ListServicesResponse(list) => {
+                list.service.into_iter().map(|s| s.name).collect()
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }
 
 on_both_backends!(
