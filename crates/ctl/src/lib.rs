@@ -1,0 +1,402 @@
+//! gatewayctl: the command line for gantry, in the spirit of kubectl.
+//!
+//! Each command is a function over a connected client that writes to a
+//! given output, so tests run them directly; `main.rs` only parses flags,
+//! resolves the context and turns errors into plain messages and exit codes.
+
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod manifest;
+pub mod output;
+
+use std::io::Write;
+use std::time::{Duration, SystemTime};
+
+use gantry_api::v1::{
+    CreateGatewayRequest, DeleteGatewayRequest, EventType, Gateway, GetGatewayRequest,
+    ListGatewaysRequest, ObjectMeta, UpdateGatewayRequest, WatchGatewaysRequest,
+};
+use gantry_client::GatewayClient;
+use prost_types::FieldMask;
+use tokio_stream::StreamExt;
+use tonic::{Code, Status};
+use tonic_types::StatusExt;
+
+use crate::manifest::GatewayDoc;
+use crate::output::Format;
+
+/// Annotation `retry` sets (the reconciler resets the retry budget when it
+/// changes).
+pub const RETRY_ANNOTATION: &str = "gantry.dev/retry-requested-at";
+
+/// A failure, in words for the person at the terminal.
+#[derive(Debug, thiserror::Error)]
+pub enum CtlError {
+    #[error("{0}")]
+    Message(String),
+    #[error("{0}")]
+    Manifest(#[from] manifest::ManifestError),
+    #[error("cannot write output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+fn msg(text: impl Into<String>) -> CtlError {
+    CtlError::Message(text.into())
+}
+
+/// Explains a gRPC error: what happened and what to do next.
+pub fn explain(status: &Status, server: &str) -> String {
+    let detail = status.message();
+    match status.code() {
+        Code::Unavailable | Code::Unknown
+            if detail.contains("transport")
+                || detail.contains("connect")
+                || detail.contains("dns") =>
+        {
+            format!("cannot reach the store at {server}: {detail}. Is it running? Check --server or the context in your config.")
+        }
+        Code::Unavailable => {
+            format!("the store at {server} is unavailable: {detail}. Retry in a moment.")
+        }
+        Code::Unauthenticated => {
+            format!("the store rejected the credentials: {detail}. Check --token (GANTRY_TOKEN) or the context's token.")
+        }
+        Code::PermissionDenied => format!("not allowed: {detail}"),
+        Code::InvalidArgument => {
+            let fields: Vec<String> = status
+                .get_details_bad_request()
+                .map(|b| {
+                    b.field_violations
+                        .iter()
+                        .map(|v| format!("  {}: {}", v.field, v.description))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if fields.is_empty() {
+                format!("invalid: {detail}")
+            } else {
+                format!("invalid gateway:\n{}", fields.join("\n"))
+            }
+        }
+        Code::NotFound => detail.to_string(),
+        Code::AlreadyExists => detail.to_string(),
+        Code::Aborted => format!("{detail} (someone changed it meanwhile; run the command again)"),
+        Code::FailedPrecondition => format!("refused: {detail}"),
+        Code::DeadlineExceeded => format!("the store at {server} did not answer in time"),
+        other => format!("{other:?}: {detail}"),
+    }
+}
+
+/// Context for commands: the client and where it points.
+#[derive(Debug, Clone)]
+pub struct Ctl {
+    pub client: GatewayClient,
+    pub server: String,
+}
+
+impl Ctl {
+    fn fail(&self, status: Status) -> CtlError {
+        msg(explain(&status, &self.server))
+    }
+
+    async fn get_opt(&self, name: &str) -> Result<Option<Gateway>, CtlError> {
+        match self.client.clone().get_gateway(GetGatewayRequest { name: name.into() }).await {
+            Ok(g) => Ok(Some(g.into_inner())),
+            Err(s) if s.code() == Code::NotFound => Ok(None),
+            Err(s) => Err(self.fail(s)),
+        }
+    }
+
+    async fn get(&self, name: &str) -> Result<Gateway, CtlError> {
+        self.get_opt(name).await?.ok_or_else(|| msg(format!("gateway \"{name}\" not found")))
+    }
+
+    async fn list(&self, selector: &str) -> Result<Vec<Gateway>, CtlError> {
+        let (mut out, mut token) = (Vec::new(), String::new());
+        loop {
+            let page = self
+                .client
+                .clone()
+                .list_gateways(ListGatewaysRequest {
+                    page_size: 500,
+                    page_token: token,
+                    label_selector: selector.into(),
+                })
+                .await
+                .map_err(|s| self.fail(s))?
+                .into_inner();
+            out.extend(page.gateways);
+            if page.next_page_token.is_empty() {
+                return Ok(out);
+            }
+            token = page.next_page_token;
+        }
+    }
+
+    async fn update(&self, gateway: Gateway, paths: &[&str]) -> Result<Gateway, CtlError> {
+        let mask = Some(FieldMask { paths: paths.iter().map(|p| p.to_string()).collect() });
+        self.client
+            .clone()
+            .update_gateway(UpdateGatewayRequest { gateway: Some(gateway), update_mask: mask })
+            .await
+            .map(|r| r.into_inner())
+            .map_err(|s| self.fail(s))
+    }
+
+    /// `apply`: creates or updates each document; prints
+    /// `gateway/NAME created|configured|unchanged`.
+    pub async fn apply(&self, docs: &[GatewayDoc], out: &mut impl Write) -> Result<(), CtlError> {
+        for doc in docs {
+            let name = &doc.metadata.name;
+            let wanted = doc.to_proto();
+            let verdict = match self.get_opt(name).await? {
+                None => {
+                    self.client
+                        .clone()
+                        .create_gateway(CreateGatewayRequest { gateway: Some(wanted) })
+                        .await
+                        .map_err(|s| self.fail(s))?;
+                    "created"
+                }
+                Some(current) => {
+                    let meta = current.metadata.clone().unwrap_or_default();
+                    let spec_changed = gantry_core::canonical::spec_changed(
+                        &current.spec.clone().unwrap_or_default(),
+                        &wanted.spec.clone().unwrap_or_default(),
+                    );
+                    let wanted_meta = wanted.metadata.clone().unwrap_or_default();
+                    // Annotations other tools set (such as the retry request)
+                    // are kept: apply owns the ones in the file.
+                    let mut annotations = meta.annotations.clone();
+                    annotations.extend(wanted_meta.annotations.clone());
+                    let labels_changed = meta.labels != wanted_meta.labels;
+                    let annotations_changed = annotations != meta.annotations;
+                    if !spec_changed && !labels_changed && !annotations_changed {
+                        "unchanged"
+                    } else {
+                        let mut update = wanted.clone();
+                        let m = update.metadata.get_or_insert_with(Default::default);
+                        m.resource_version = meta.resource_version;
+                        m.annotations = annotations;
+                        self.update(update, &["spec", "metadata.labels", "metadata.annotations"])
+                            .await?;
+                        "configured"
+                    }
+                }
+            };
+            writeln!(out, "gateway/{name} {verdict}")?;
+        }
+        Ok(())
+    }
+
+    /// `get`: one gateway or a (selected) list in a format.
+    pub async fn get_cmd(
+        &self,
+        name: Option<&str>,
+        selector: &str,
+        format: Format,
+        out: &mut impl Write,
+    ) -> Result<(), CtlError> {
+        let gateways = match name {
+            Some(n) => vec![self.get(n).await?],
+            None => self.list(selector).await?,
+        };
+        if gateways.is_empty() && name.is_none() && matches!(format, Format::Table | Format::Wide) {
+            writeln!(out, "No gateways found.")?;
+            return Ok(());
+        }
+        output::print(&gateways, format, name.is_some(), out)
+    }
+
+    /// `describe`: everything about one gateway, for people.
+    pub async fn describe(&self, name: &str, out: &mut impl Write) -> Result<(), CtlError> {
+        output::describe(&self.get(name).await?, out)
+    }
+
+    /// `delete`: requests deletion; with `wait`, returns once each gateway
+    /// is gone.
+    pub async fn delete(
+        &self,
+        names: &[String],
+        wait: Option<Duration>,
+        out: &mut impl Write,
+    ) -> Result<(), CtlError> {
+        for name in names {
+            self.client
+                .clone()
+                .delete_gateway(DeleteGatewayRequest { name: name.clone(), resource_version: 0 })
+                .await
+                .map_err(|s| self.fail(s))?;
+            writeln!(out, "gateway/{name} deleted")?;
+        }
+        if let Some(timeout) = wait {
+            self.wait(names, &Condition::Deleted, timeout, out).await?;
+        }
+        Ok(())
+    }
+
+    /// `retry`: asks the reconciler to try again now, resetting its retry
+    /// budget, without a spec change.
+    pub async fn retry(&self, name: &str, out: &mut impl Write) -> Result<(), CtlError> {
+        let current = self.get(name).await?;
+        let meta = current.metadata.unwrap_or_default();
+        let mut annotations = meta.annotations;
+        annotations.insert(
+            RETRY_ANNOTATION.into(),
+            prost_types::Timestamp::from(SystemTime::now()).to_string(),
+        );
+        let update = Gateway {
+            metadata: Some(ObjectMeta {
+                name: name.into(),
+                resource_version: meta.resource_version,
+                annotations,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        self.update(update, &["metadata.annotations"]).await?;
+        writeln!(out, "gateway/{name} retry requested")?;
+        Ok(())
+    }
+
+    /// `wait`: until every gateway meets `condition`, or `timeout`.
+    pub async fn wait(
+        &self,
+        names: &[String],
+        condition: &Condition,
+        timeout: Duration,
+        out: &mut impl Write,
+    ) -> Result<(), CtlError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        for name in names {
+            loop {
+                let current = self.get_opt(name).await?;
+                let met = match (condition, &current) {
+                    (Condition::Deleted, None) => true,
+                    (_, None) => return Err(msg(format!("gateway \"{name}\" not found"))),
+                    (Condition::Deleted, Some(_)) => false,
+                    (Condition::Converged, Some(g)) => {
+                        let generation = g.metadata.as_ref().map_or(0, |m| m.generation);
+                        g.status.as_ref().is_some_and(|s| s.observed_generation == generation)
+                    }
+                    (Condition::Named(kind), Some(g)) => g.status.as_ref().is_some_and(|s| {
+                        let generation = g.metadata.as_ref().map_or(0, |m| m.generation);
+                        s.observed_generation == generation
+                            && s.conditions.iter().any(|c| {
+                                c.r#type.eq_ignore_ascii_case(kind)
+                                    && c.status() == gantry_api::v1::ConditionStatus::True
+                            })
+                    }),
+                };
+                if met {
+                    writeln!(out, "gateway/{name} condition met")?;
+                    break;
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    let state = current
+                        .and_then(|g| g.status)
+                        .map(|s| {
+                            format!(
+                                "phase {}, {}",
+                                s.phase().as_str_name().trim_start_matches("PHASE_"),
+                                s.message
+                            )
+                        })
+                        .unwrap_or_else(|| "no status yet".into());
+                    return Err(msg(format!("timed out after {timeout:?} waiting for gateway/{name} ({condition}): {state}")));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// `watch`: prints every change as it comes, until interrupted.
+    pub async fn watch(
+        &self,
+        selector: &str,
+        name: Option<&str>,
+        out: &mut impl Write,
+    ) -> Result<(), CtlError> {
+        let request = WatchGatewaysRequest {
+            resource_version: 0,
+            send_initial_events: true,
+            allow_bookmarks: false,
+            label_selector: selector.into(),
+            name: name.unwrap_or_default().into(),
+        };
+        let mut stream = self
+            .client
+            .clone()
+            .watch_gateways(request)
+            .await
+            .map_err(|s| self.fail(s))?
+            .into_inner();
+        writeln!(
+            out,
+            "{:<10} {:<9} {:<30} {:<13} {}",
+            "REVISION", "EVENT", "NAME", "PHASE", "GEN/OBSERVED"
+        )?;
+        while let Some(event) = stream.next().await {
+            let event = event.map_err(|s| self.fail(s))?;
+            if event.r#type() == EventType::Bookmark {
+                continue;
+            }
+            let kind = event.r#type();
+            let g = event.gateway.unwrap_or_default();
+            let meta = g.metadata.unwrap_or_default();
+            let status = g.status.unwrap_or_default();
+            writeln!(
+                out,
+                "{:<10} {:<9} {:<30} {:<13} {}/{}",
+                event.resource_version,
+                kind.as_str_name().trim_start_matches("EVENT_TYPE_"),
+                meta.name,
+                status.phase().as_str_name().trim_start_matches("PHASE_"),
+                meta.generation,
+                status.observed_generation
+            )?;
+            out.flush()?;
+        }
+        Ok(())
+    }
+}
+
+/// What `wait --for` waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Condition {
+    /// `condition=<Type>`: the condition is True for the current generation.
+    Named(String),
+    /// `converged`: observed_generation == generation.
+    Converged,
+    /// `delete`: the gateway is gone.
+    Deleted,
+}
+
+impl std::str::FromStr for Condition {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "converged" => Ok(Condition::Converged),
+            "delete" => Ok(Condition::Deleted),
+            other => match other.strip_prefix("condition=") {
+                Some(kind) if !kind.is_empty() => Ok(Condition::Named(kind.into())),
+                _ => Err(format!(
+                    "unknown condition {other:?}: use condition=Ready, converged or delete"
+                )),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Condition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Condition::Named(k) => write!(f, "condition={k}"),
+            Condition::Converged => f.write_str("converged"),
+            Condition::Deleted => f.write_str("delete"),
+        }
+    }
+}

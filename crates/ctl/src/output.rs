@@ -1,0 +1,268 @@
+//! Output formats of `get` and the text of `describe`.
+
+use std::io::Write;
+use std::time::SystemTime;
+
+use clap::ValueEnum;
+use gantry_api::v1::{ConditionStatus, Gateway, Phase};
+
+use crate::manifest::GatewayDoc;
+use crate::CtlError;
+
+/// `-o` formats.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Table,
+    Wide,
+    Json,
+    Yaml,
+    Name,
+}
+
+/// `5s`, `3m`, `2h`, `4d` since a timestamp.
+pub fn age(created: Option<&prost_types::Timestamp>, now: SystemTime) -> String {
+    let Some(created) = created else { return "<unknown>".into() };
+    let now_secs = now.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let secs = now_secs.saturating_sub(u64::try_from(created.seconds).unwrap_or(0));
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
+fn ready(g: &Gateway) -> &'static str {
+    let status = g.status.as_ref();
+    match status.and_then(|s| s.conditions.iter().find(|c| c.r#type == "Ready")).map(|c| c.status())
+    {
+        Some(ConditionStatus::True) => "True",
+        Some(ConditionStatus::False) => "False",
+        _ => "Unknown",
+    }
+}
+
+fn phase(g: &Gateway) -> String {
+    g.status
+        .as_ref()
+        .map_or(Phase::Unspecified, |s| s.phase())
+        .as_str_name()
+        .trim_start_matches("PHASE_")
+        .to_string()
+}
+
+/// Prints gateways; a single `get NAME` prints one object for json/yaml.
+pub fn print(
+    gateways: &[Gateway],
+    format: Format,
+    single: bool,
+    out: &mut impl Write,
+) -> Result<(), CtlError> {
+    let now = SystemTime::now();
+    match format {
+        Format::Name => {
+            for g in gateways {
+                writeln!(out, "gateway/{}", g.metadata.as_ref().map_or("", |m| m.name.as_str()))?;
+            }
+        }
+        Format::Json | Format::Yaml => {
+            let docs: Vec<GatewayDoc> = gateways.iter().map(GatewayDoc::from_proto).collect();
+            let text = match (format, single) {
+                (Format::Json, true) => serde_json::to_string_pretty(&docs[0]).map_err(|e| CtlError::Message(e.to_string()))?,
+                (Format::Json, false) => serde_json::to_string_pretty(&serde_json::json!({"apiVersion": "gantry.dev/v1", "kind": "GatewayList", "items": docs}))
+                    .map_err(|e| CtlError::Message(e.to_string()))?,
+                (_, true) => serde_saphyr::to_string(&docs[0]).map_err(|e| CtlError::Message(e.to_string()))?,
+                (_, false) => docs
+                    .iter()
+                    .map(|d| serde_saphyr::to_string(d).map_err(|e| CtlError::Message(e.to_string())))
+                    .collect::<Result<Vec<_>, _>>()?
+                    .join("---\n"),
+            };
+            writeln!(out, "{}", text.trim_end())?;
+        }
+        Format::Table | Format::Wide => {
+            let wide = format == Format::Wide;
+            let mut rows = vec![{
+                let mut header = vec!["NAME", "PHASE", "READY", "GENERATION", "OBSERVED", "AGE"]
+                    .into_iter()
+                    .map(String::from)
+                    .collect::<Vec<_>>();
+                if wide {
+                    header.extend(["IMAGE", "ROUTE", "MESSAGE"].map(String::from));
+                }
+                header
+            }];
+            for g in gateways {
+                let meta = g.metadata.clone().unwrap_or_default();
+                let spec = g.spec.clone().unwrap_or_default();
+                let status = g.status.clone().unwrap_or_default();
+                let mut row = vec![
+                    meta.name.clone(),
+                    phase(g),
+                    ready(g).into(),
+                    meta.generation.to_string(),
+                    status.observed_generation.to_string(),
+                    age(meta.create_time.as_ref(), now),
+                ];
+                if wide {
+                    row.push(spec.image.clone());
+                    row.push(
+                        spec.route
+                            .map(|r| r.host)
+                            .filter(|h| !h.is_empty())
+                            .unwrap_or_else(|| "<none>".into()),
+                    );
+                    row.push(status.message.clone());
+                }
+                rows.push(row);
+            }
+            let columns = rows[0].len();
+            let widths: Vec<usize> =
+                (0..columns).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
+            for row in rows {
+                let cells: Vec<String> = row
+                    .iter()
+                    .enumerate()
+                    .map(|(i, cell)| {
+                        if i + 1 == columns {
+                            cell.clone()
+                        } else {
+                            format!("{cell:<width$}", width = widths[i])
+                        }
+                    })
+                    .collect();
+                writeln!(out, "{}", cells.join("   ").trim_end())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The `describe` text.
+pub fn describe(g: &Gateway, out: &mut impl Write) -> Result<(), CtlError> {
+    let doc = GatewayDoc::from_proto(g);
+    let meta = &doc.metadata;
+    writeln!(out, "Name:          {}", meta.name)?;
+    writeln!(out, "UID:           {}", meta.uid)?;
+    writeln!(out, "Created:       {}", meta.create_time)?;
+    if !meta.delete_time.is_empty() {
+        writeln!(out, "Deleting since: {}", meta.delete_time)?;
+    }
+    writeln!(out, "Generation:    {}", meta.generation)?;
+    writeln!(out, "Labels:        {}", kv(&meta.labels))?;
+    writeln!(out, "Annotations:   {}", kv(&meta.annotations))?;
+    writeln!(
+        out,
+        "Finalizers:    {}",
+        if meta.finalizers.is_empty() { "<none>".into() } else { meta.finalizers.join(", ") }
+    )?;
+    writeln!(out, "Spec:")?;
+    let spec = serde_saphyr::to_string(&doc.spec).map_err(|e| CtlError::Message(e.to_string()))?;
+    for line in spec.lines() {
+        writeln!(out, "  {line}")?;
+    }
+    let status = doc.status.unwrap_or_default();
+    writeln!(out, "Status:")?;
+    writeln!(out, "  Phase:               {}", status.phase)?;
+    writeln!(out, "  Observed generation: {}", status.observed_generation)?;
+    if !status.route_address.is_empty() {
+        writeln!(out, "  Route address:       {}", status.route_address)?;
+    }
+    if status.failure_count > 0 {
+        writeln!(
+            out,
+            "  Failures:            {} (next retry {})",
+            status.failure_count, status.next_retry_time
+        )?;
+    }
+    if !status.message.is_empty() {
+        writeln!(out, "  Message:             {}", status.message)?;
+    }
+    writeln!(out, "Conditions:")?;
+    writeln!(out, "  {:<12} {:<8} {:<26} {}", "TYPE", "STATUS", "REASON", "MESSAGE")?;
+    for c in &status.conditions {
+        writeln!(out, "  {:<12} {:<8} {:<26} {}", c.kind, c.status, c.reason, c.message)?;
+    }
+    writeln!(out, "Provisioning:")?;
+    for s in &status.provisioning {
+        writeln!(out, "  {:<20} {:<12} {}", s.name, s.state, s.message)?;
+    }
+    Ok(())
+}
+
+fn kv(map: &std::collections::BTreeMap<String, String>) -> String {
+    if map.is_empty() {
+        "<none>".into()
+    } else {
+        map.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gantry_api::v1::{Condition, GatewaySpec, GatewayStatus, ObjectMeta};
+    use std::time::Duration;
+
+    fn gateway() -> Gateway {
+        Gateway {
+            metadata: Some(ObjectMeta {
+                name: "edge".into(),
+                generation: 2,
+                create_time: Some(prost_types::Timestamp { seconds: 1000, nanos: 0 }),
+                ..Default::default()
+            }),
+            spec: Some(GatewaySpec { image: "gw:1".into(), ..Default::default() }),
+            status: Some(GatewayStatus {
+                phase: Phase::Running as i32,
+                observed_generation: 2,
+                conditions: vec![Condition {
+                    r#type: "Ready".into(),
+                    status: ConditionStatus::True as i32,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn render(format: Format) -> String {
+        let mut out = Vec::new();
+        print(&[gateway()], format, false, &mut out).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn every_format() {
+        let table = render(Format::Table);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(
+            lines[0].starts_with("NAME")
+                && lines[0].contains("OBSERVED")
+                && lines[0].ends_with("AGE"),
+            "{table}"
+        );
+        assert!(
+            lines[1].starts_with("edge")
+                && lines[1].contains("RUNNING")
+                && lines[1].contains("True"),
+            "{table}"
+        );
+        assert!(render(Format::Wide).lines().next().unwrap().ends_with("MESSAGE"));
+        assert_eq!(render(Format::Name), "gateway/edge\n");
+        let json: serde_json::Value = serde_json::from_str(&render(Format::Json)).unwrap();
+        assert_eq!(json["items"][0]["status"]["phase"], "RUNNING");
+        assert!(render(Format::Yaml).contains("name: edge"));
+    }
+
+    #[test]
+    fn ages() {
+        let t = |s: i64| prost_types::Timestamp { seconds: s, nanos: 0 };
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(100_000);
+        assert_eq!(age(Some(&t(99_990)), now), "10s");
+        assert_eq!(age(Some(&t(99_000)), now), "16m");
+        assert_eq!(age(Some(&t(90_000)), now), "2h");
+        assert_eq!(age(Some(&t(0)), now), "27h");
+        assert_eq!(age(None, now), "<unknown>");
+    }
+}
