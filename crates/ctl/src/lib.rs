@@ -335,8 +335,8 @@ impl Ctl {
             .into_inner();
         writeln!(
             out,
-            "{:<10} {:<9} {:<30} {:<13} {}",
-            "REVISION", "EVENT", "NAME", "PHASE", "GEN/OBSERVED"
+            "{:<10} {:<9} {:<30} {:<13} GEN/OBSERVED",
+            "REVISION", "EVENT", "NAME", "PHASE"
         )?;
         while let Some(event) = stream.next().await {
             let event = event.map_err(|s| self.fail(s))?;

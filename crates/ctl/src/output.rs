@@ -179,7 +179,7 @@ pub fn describe(g: &Gateway, out: &mut impl Write) -> Result<(), CtlError> {
         writeln!(out, "  Message:             {}", status.message)?;
     }
     writeln!(out, "Conditions:")?;
-    writeln!(out, "  {:<12} {:<8} {:<26} {}", "TYPE", "STATUS", "REASON", "MESSAGE")?;
+    writeln!(out, "  {:<12} {:<8} {:<26} MESSAGE", "TYPE", "STATUS", "REASON")?;
     for c in &status.conditions {
         writeln!(out, "  {:<12} {:<8} {:<26} {}", c.kind, c.status, c.reason, c.message)?;
     }
