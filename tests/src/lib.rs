@@ -82,6 +82,21 @@ pub fn http_get(port: u16, path: &str) -> Option<String> {
     Some(out)
 }
 
+/// Polls `GET path` until it answers 200, for at most `timeout`.
+pub fn wait_ready(port: u16, path: &str, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if http_get(port, path).is_some_and(|answer| answer.starts_with("HTTP/1.1 200")) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "127.0.0.1:{port}{path} was not ready within {timeout:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Polls `GET path` until it answers, for at most `timeout`.
 pub fn wait_for_http(port: u16, path: &str, timeout: Duration) -> String {
     let deadline = Instant::now() + timeout;
@@ -211,16 +226,7 @@ impl ReconcilerProcess {
             .spawn()
             .expect("start gateway-reconciler");
         self.child = Some(child);
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            if wait_for_http(self.http, "/readyz", Duration::from_secs(60))
-                .starts_with("HTTP/1.1 200")
-            {
-                return;
-            }
-            assert!(std::time::Instant::now() < deadline, "the reconciler never became ready");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_ready(self.http, "/readyz", Duration::from_secs(60));
     }
 
     /// Everything the process (and its earlier runs) logged.
