@@ -154,6 +154,16 @@ fn a_gateway_from_apply_to_delete_through_gatewayctl() {
         described.contains("Conditions:") && described.contains("ManifestsApplied"),
         "{described}"
     );
+    let events = described.split("Events:").nth(1).unwrap();
+    assert!(
+        events.contains("ADDED") && events.contains("MODIFIED") && events.contains("RUNNING"),
+        "{described}"
+    );
+    let completion = ok(ctl(&local.config, &["completion", "bash"]));
+    assert!(
+        completion.contains("gatewayctl") && completion.contains("apply"),
+        "a bash completion script"
+    );
     assert_eq!(ok(ctl(&local.config, &["retry", "edge"])), "gateway/edge retry requested\n");
 
     let deleted = ok(ctl(&local.config, &["delete", "edge", "--wait", "--timeout=60s"]));

@@ -26,6 +26,9 @@ use tonic_types::StatusExt;
 use crate::manifest::GatewayDoc;
 use crate::output::Format;
 
+/// Events `describe` shows.
+pub const DESCRIBE_EVENTS: usize = 10;
+
 /// Annotation `retry` sets (the reconciler resets the retry budget when it
 /// changes).
 pub const RETRY_ANNOTATION: &str = "gantry.dev/retry-requested-at";
@@ -209,9 +212,58 @@ impl Ctl {
         output::print(&gateways, format, name.is_some(), out)
     }
 
-    /// `describe`: everything about one gateway, for people.
+    /// `describe`: everything about one gateway, for people, with its
+    /// recent changes from the store's event history.
     pub async fn describe(&self, name: &str, out: &mut impl Write) -> Result<(), CtlError> {
-        output::describe(&self.get(name).await?, out)
+        let gateway = self.get(name).await?;
+        output::describe(&gateway, out)?;
+        let events = self
+            .recent_events(name, gateway.metadata.as_ref().map_or(0, |m| m.resource_version))
+            .await;
+        writeln!(out, "Events:")?;
+        match events {
+            Some(events) if !events.is_empty() => {
+                writeln!(out, "  {:<10} {:<9} {:<13} GEN/OBSERVED", "REVISION", "EVENT", "PHASE")?;
+                for e in events.iter().rev().take(DESCRIBE_EVENTS).rev() {
+                    writeln!(out, "  {e}")?;
+                }
+            }
+            Some(_) => writeln!(out, "  <none retained>")?,
+            None => writeln!(out, "  <history not available>")?,
+        }
+        Ok(())
+    }
+
+    /// The retained changes of one gateway up to `until` (its current
+    /// revision), oldest first; `None` when the history cannot be read.
+    async fn recent_events(&self, name: &str, until: i64) -> Option<Vec<String>> {
+        let request =
+            WatchGatewaysRequest { resource_version: 1, name: name.into(), ..Default::default() };
+        let mut stream = self.client.clone().watch_gateways(request).await.ok()?.into_inner();
+        let mut lines = Vec::new();
+        let read = async {
+            while let Some(Ok(event)) = stream.next().await {
+                let revision = event.resource_version;
+                let kind = event.r#type();
+                let g = event.gateway.unwrap_or_default();
+                let status = g.status.unwrap_or_default();
+                lines.push(format!(
+                    "{:<10} {:<9} {:<13} {}/{}",
+                    revision,
+                    kind.as_str_name().trim_start_matches("EVENT_TYPE_"),
+                    status.phase().as_str_name().trim_start_matches("PHASE_"),
+                    g.metadata.map_or(0, |m| m.generation),
+                    status.observed_generation
+                ));
+                if revision >= until {
+                    break;
+                }
+            }
+        };
+        // History older than the store retains answers OUT_OF_RANGE; a slow
+        // read is cut short rather than hanging describe.
+        tokio::time::timeout(Duration::from_secs(3), read).await.ok()?;
+        Some(lines)
     }
 
     /// `delete`: requests deletion; with `wait`, returns once each gateway

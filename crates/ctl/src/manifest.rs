@@ -351,6 +351,22 @@ mod tests {
     }
 
     #[test]
+    fn the_examples_pass_validation() {
+        for (file, text) in [
+            ("minimal.yaml", include_str!("../../../examples/minimal.yaml")),
+            ("full.yaml", include_str!("../../../examples/full.yaml")),
+        ] {
+            for doc in parse(text, file).unwrap() {
+                let g = doc.to_proto();
+                let mut v = gantry_core::error::Violations::default();
+                gantry_core::validation::validate_metadata(&mut v, g.metadata.as_ref().unwrap());
+                gantry_core::validation::validate_spec(&mut v, g.spec.as_ref());
+                assert!(v.into_result().is_ok(), "{file} does not validate");
+            }
+        }
+    }
+
+    #[test]
     fn round_trip_through_the_wire_message() {
         let doc = &parse(include_str!("../../../examples/full.yaml"), "full.yaml").unwrap()[0];
         let back = GatewayDoc::from_proto(&doc.to_proto());
