@@ -1,0 +1,390 @@
+//! The Kubernetes target: kube-rs server-side apply with the field manager
+//! `gantry-reconciler` (forced: the reconciler owns these objects), prune
+//! by label of kinds no longer rendered, rollout observation from the
+//! Deployment, and a watch on owned Deployments so that out-of-band edits
+//! are repaired. Every call has a bounded timeout; only a genuine NotFound
+//! counts as absent.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::stream::BoxStream;
+use futures_util::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+};
+use kube::runtime::watcher;
+use kube::Client;
+use serde_json::Value;
+
+use super::{Target, TargetError};
+use crate::render::{
+    owned_selector, Rendered, FIELD_MANAGER, LABEL_GATEWAY, LABEL_MANAGED_BY, MANAGED_BY,
+    OWNED_KINDS,
+};
+use crate::status::{Observation, Workload};
+
+/// Longest any single call to the cluster may take.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Gateways' objects in one namespace of a cluster.
+pub struct KubeTarget {
+    client: Client,
+    namespace: String,
+    /// Deployment generation after our last apply, per gateway: a different
+    /// live generation means someone changed the spec.
+    applied_generation: Mutex<HashMap<String, i64>>,
+    /// Owned objects that exist, as the watches of every owned kind see
+    /// them: a rendered object missing here was deleted out of band.
+    present: Arc<Mutex<Present>>,
+}
+
+/// What the owned-object watches know.
+#[derive(Debug, Default)]
+struct Present {
+    /// Kinds whose watch has finished its initial list.
+    synced: HashSet<String>,
+    /// `(kind, name)` of existing owned objects.
+    objects: HashSet<(String, String)>,
+}
+
+impl std::fmt::Debug for KubeTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeTarget").field("namespace", &self.namespace).finish_non_exhaustive()
+    }
+}
+
+fn api_resource(api_version: &str, kind: &str) -> ApiResource {
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let plural = match kind {
+        "Ingress" => "ingresses".to_string(),
+        other => format!("{}s", other.to_ascii_lowercase()),
+    };
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), &plural)
+}
+
+fn describe(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) => {
+            format!("{} ({} {})", status.message, status.code, status.reason)
+        }
+        other => other.to_string(),
+    }
+}
+
+async fn bounded<T>(
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, TargetError> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(TargetError(format!("{what}: {}", describe(&e)))),
+        Err(_) => Err(TargetError(format!("{what}: no answer within {CALL_TIMEOUT:?}"))),
+    }
+}
+
+fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+impl KubeTarget {
+    pub fn new(client: Client, namespace: impl Into<String>) -> Self {
+        Self {
+            client,
+            namespace: namespace.into(),
+            applied_generation: Mutex::default(),
+            present: Arc::default(),
+        }
+    }
+
+    fn api(&self, api_version: &str, kind: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), &self.namespace, &api_resource(api_version, kind))
+    }
+
+    fn remember(&self, gateway: &str, generation: Option<i64>) {
+        let mut map =
+            self.applied_generation.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match generation {
+            Some(g) => map.insert(gateway.to_string(), g),
+            None => map.remove(gateway),
+        };
+    }
+
+    fn remembered(&self, gateway: &str) -> Option<i64> {
+        self.applied_generation
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(gateway)
+            .copied()
+    }
+
+    /// Names of owned objects of one kind.
+    async fn owned(
+        &self,
+        api: &Api<DynamicObject>,
+        gateway: &str,
+        kind: &str,
+    ) -> Result<Vec<DynamicObject>, TargetError> {
+        let params = ListParams::default().labels(&owned_selector(gateway));
+        Ok(bounded(&format!("list {kind}"), api.list(&params)).await?.items)
+    }
+}
+
+/// Whether a Deployment's rollout of its current generation is complete,
+/// in progress, or stalled (kubectl rollout status semantics).
+pub fn rollout(deployment: &Deployment) -> Workload {
+    let generation = deployment.metadata.generation.unwrap_or(0);
+    let desired = deployment.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let Some(status) = &deployment.status else {
+        return Workload::Progressing { message: "waiting for the deployment controller".into() };
+    };
+    if let Some(c) = status.conditions.iter().flatten().find(|c| c.type_ == "Progressing") {
+        if c.reason.as_deref() == Some("ProgressDeadlineExceeded") {
+            return Workload::Stalled {
+                reason: "ProgressDeadlineExceeded".into(),
+                message: c
+                    .message
+                    .clone()
+                    .unwrap_or_else(|| "the rollout exceeded its progress deadline".into()),
+            };
+        }
+    }
+    if status.observed_generation.unwrap_or(0) < generation {
+        return Workload::Progressing { message: "waiting for the rollout to start".into() };
+    }
+    let updated = status.updated_replicas.unwrap_or(0);
+    let available = status.available_replicas.unwrap_or(0);
+    let total = status.replicas.unwrap_or(0);
+    if updated < desired {
+        return Workload::Progressing {
+            message: format!("{updated} of {desired} replicas updated"),
+        };
+    }
+    if total > updated {
+        return Workload::Progressing {
+            message: format!("{} old replicas pending termination", total - updated),
+        };
+    }
+    if available < updated {
+        return Workload::Progressing {
+            message: format!("{available} of {updated} updated replicas available"),
+        };
+    }
+    Workload::Available
+}
+
+/// Updates what exists from one watch event; the gateway to re-check, if
+/// the event concerns one.
+fn track(
+    present: &Mutex<Present>,
+    kind: &str,
+    event: Result<watcher::Event<DynamicObject>, watcher::Error>,
+) -> Option<String> {
+    let mut present = present.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let object = match event {
+        Ok(watcher::Event::Init) => {
+            present.synced.remove(kind);
+            present.objects.retain(|(k, _)| k != kind);
+            return None;
+        }
+        Ok(watcher::Event::InitDone) => {
+            present.synced.insert(kind.to_string());
+            return None;
+        }
+        Ok(watcher::Event::InitApply(o) | watcher::Event::Apply(o)) => {
+            present.objects.insert((kind.to_string(), o.metadata.name.clone().unwrap_or_default()));
+            o
+        }
+        Ok(watcher::Event::Delete(o)) => {
+            present
+                .objects
+                .remove(&(kind.to_string(), o.metadata.name.clone().unwrap_or_default()));
+            o
+        }
+        Err(e) => {
+            tracing::warn!(kind, error = %e, "watch of owned objects interrupted; it resumes by itself");
+            return None;
+        }
+    };
+    object.metadata.labels.and_then(|l| l.get(LABEL_GATEWAY).cloned())
+}
+
+#[tonic::async_trait]
+impl Target for KubeTarget {
+    async fn apply(&self, gateway: &str, manifests: &[Value]) -> Result<(), TargetError> {
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let mut rendered_kinds = Vec::new();
+        for manifest in manifests {
+            let (api_version, kind) = (
+                manifest["apiVersion"].as_str().unwrap_or(""),
+                manifest["kind"].as_str().unwrap_or(""),
+            );
+            let name = manifest["metadata"]["name"].as_str().unwrap_or("");
+            let api = self.api(api_version, kind);
+            let applied = bounded(
+                &format!("apply {kind} {name}"),
+                api.patch(name, &params, &Patch::Apply(manifest)),
+            )
+            .await?;
+            if kind == "Deployment" {
+                self.remember(gateway, applied.metadata.generation);
+            }
+            rendered_kinds.push(kind.to_string());
+        }
+        // Prune: owned objects of kinds no longer rendered, newest kinds first.
+        for (api_version, kind) in OWNED_KINDS.iter().rev() {
+            if rendered_kinds.iter().any(|k| k == kind) {
+                continue;
+            }
+            let api = self.api(api_version, kind);
+            for object in self.owned(&api, gateway, kind).await? {
+                let name = object.metadata.name.unwrap_or_default();
+                match tokio::time::timeout(
+                    CALL_TIMEOUT,
+                    api.delete(&name, &DeleteParams::background()),
+                )
+                .await
+                {
+                    Ok(Ok(_)) => tracing::info!(gateway, kind, name, "pruned"),
+                    Ok(Err(e)) if is_not_found(&e) => {}
+                    Ok(Err(e)) => {
+                        return Err(TargetError(format!("prune {kind} {name}: {}", describe(&e))))
+                    }
+                    Err(_) => {
+                        return Err(TargetError(format!(
+                            "prune {kind} {name}: no answer within {CALL_TIMEOUT:?}"
+                        )))
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn observe(
+        &self,
+        gateway: &str,
+        rendered: &Rendered,
+    ) -> Result<Observation, TargetError> {
+        let api: Api<Deployment> = Api::namespaced(self.client.clone(), &self.namespace);
+        let deployment = bounded("get Deployment", api.get_opt(gateway)).await?;
+        let has_route = rendered.manifests.iter().any(|m| m["kind"] == "Ingress");
+        let route_address = if has_route {
+            let ingress = self.api("networking.k8s.io/v1", "Ingress");
+            let live = bounded("get Ingress", ingress.get_opt(gateway)).await?;
+            let lb = live.as_ref().map(|i| &i.data["status"]["loadBalancer"]["ingress"][0]);
+            let from_status =
+                lb.and_then(|lb| lb["hostname"].as_str().or(lb["ip"].as_str())).unwrap_or("");
+            let host = rendered
+                .manifests
+                .iter()
+                .find(|m| m["kind"] == "Ingress")
+                .and_then(|i| i["spec"]["rules"][0]["host"].as_str())
+                .unwrap_or("");
+            if from_status.is_empty() {
+                host.to_string()
+            } else {
+                from_status.to_string()
+            }
+        } else {
+            String::new()
+        };
+        let missing = {
+            let present = self.present.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            present.synced.len() == OWNED_KINDS.len()
+                && rendered.manifests.iter().any(|m| {
+                    let key = (
+                        m["kind"].as_str().unwrap_or("").to_string(),
+                        m["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                    );
+                    !present.objects.contains(&key)
+                })
+        };
+        let Some(deployment) = deployment else {
+            return Ok(Observation {
+                workload: Workload::Progressing { message: "the Deployment is missing".into() },
+                route_address,
+                drifted: true,
+            });
+        };
+        let live_generation = deployment.metadata.generation;
+        let drifted = match self.remembered(gateway) {
+            Some(applied) => live_generation != Some(applied),
+            // After a restart nothing is remembered: compare what we render.
+            None => {
+                let annotation = deployment
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.template.metadata.as_ref())
+                    .and_then(|m| m.annotations.as_ref())
+                    .and_then(|a| a.get(crate::render::ANNOTATION_FINGERPRINT));
+                let current = annotation.is_some_and(|fp| *fp == rendered.fingerprint);
+                if current {
+                    self.remember(gateway, live_generation);
+                }
+                !current
+            }
+        };
+        Ok(Observation {
+            workload: rollout(&deployment),
+            route_address,
+            drifted: drifted || missing,
+        })
+    }
+
+    async fn delete(&self, gateway: &str) -> Result<bool, TargetError> {
+        self.remember(gateway, None);
+        let mut gone = true;
+        for (api_version, kind) in OWNED_KINDS.iter().rev() {
+            let api = self.api(api_version, kind);
+            for object in self.owned(&api, gateway, kind).await? {
+                gone = false;
+                if object.metadata.deletion_timestamp.is_some() {
+                    continue;
+                }
+                let name = object.metadata.name.unwrap_or_default();
+                match tokio::time::timeout(
+                    CALL_TIMEOUT,
+                    api.delete(&name, &DeleteParams::background()),
+                )
+                .await
+                {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) if is_not_found(&e) => {}
+                    Ok(Err(e)) => {
+                        return Err(TargetError(format!("delete {kind} {name}: {}", describe(&e))))
+                    }
+                    Err(_) => {
+                        return Err(TargetError(format!(
+                            "delete {kind} {name}: no answer within {CALL_TIMEOUT:?}"
+                        )))
+                    }
+                }
+            }
+        }
+        Ok(gone)
+    }
+
+    fn watch_owned(&self) -> Option<BoxStream<'static, String>> {
+        let config = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
+        let streams = OWNED_KINDS.iter().map(|(api_version, kind)| {
+            let api = self.api(api_version, kind);
+            let present = self.present.clone();
+            let kind = kind.to_string();
+            watcher(api, config.clone())
+                .filter_map(move |event| {
+                    let present = present.clone();
+                    let kind = kind.clone();
+                    async move { track(&present, &kind, event) }
+                })
+                .boxed()
+        });
+        Some(futures_util::stream::select_all(streams).boxed())
+    }
+
+    fn name(&self) -> &'static str {
+        "kube"
+    }
+}
