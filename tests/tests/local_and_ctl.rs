@@ -235,3 +235,46 @@ fn a_second_start_reuses_the_data_and_the_tokens() {
     let _ = again.wait();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn watch_prints_changes_as_they_happen() {
+    use std::io::{BufRead, BufReader};
+    let local = start_local("local-watch");
+    let mut watcher = Command::new(binary("gatewayctl"))
+        .arg("--config")
+        .arg(&local.config)
+        .args(["watch"])
+        .env_remove("GANTRY_TOKEN")
+        .env_remove("GANTRY_SERVER")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Never hang the suite: stop the watcher after a minute whatever happens.
+    let pid = watcher.id().to_string();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(60));
+        let _ = Command::new("kill").args(["-KILL", &pid]).status();
+    });
+    let mut lines = BufReader::new(watcher.stdout.take().unwrap()).lines();
+    let header = lines.next().unwrap().unwrap();
+    assert_eq!(
+        header.split_whitespace().collect::<Vec<_>>(),
+        ["REVISION", "EVENT", "NAME", "PHASE", "GEN/OBSERVED"]
+    );
+    ok(ctl(&local.config, &["create", "watched", "--image", "ghcr.io/acme/gateway:1.0"]));
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let fields: Vec<String> = line.split_whitespace().map(String::from).collect();
+        seen.push(line);
+        if fields.get(2).is_some_and(|n| n == "watched")
+            && fields.get(3).is_some_and(|p| p == "RUNNING")
+        {
+            break;
+        }
+    }
+    assert!(seen[0].contains("ADDED") && seen[0].contains("watched"), "{seen:?}");
+    let _ = watcher.kill();
+    let _ = watcher.wait();
+}
