@@ -1,0 +1,494 @@
+//! deploy/ checked offline as strictly as an API server would: every
+//! overlay rendered by the real kustomize (kubectl), every object parsed
+//! against the Kubernetes types with unknown fields rejected, references and
+//! ports cross-checked, flags matched against the binaries' --help, applied
+//! to kube-fake with the real kubectl, and RBAC compared with what the
+//! reconciler really calls.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::{BTreeSet, HashSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gantry_e2e::{binary, temp_dir, StoreProcess};
+use serde_json::Value;
+
+const OVERLAYS: [&str; 3] = ["postgres", "ha", "dev"];
+/// Secrets the user creates (README, "Deployment").
+const USER_PROVIDED: [&str; 4] =
+    ["gantry-store-tokens", "gantry-reconciler-token", "gantry-store-tls", "gantry-store-database"];
+
+fn kubectl() -> Option<PathBuf> {
+    let found = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join("kubectl"))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        assert!(std::env::var("CI").is_err(), "CI=true but kubectl is not installed");
+        eprintln!("SKIPPED: kubectl not found on PATH");
+    }
+    found
+}
+
+fn deploy_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+fn render(kubectl: &Path, overlay: &str) -> Vec<Value> {
+    let out = Command::new(kubectl)
+        .args(["kustomize"])
+        .arg(deploy_dir().join("overlays").join(overlay))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "kustomize {overlay}: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    serde_saphyr::from_multiple(&text).unwrap()
+}
+
+fn strip_nulls(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), strip_nulls(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.iter().map(strip_nulls).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Parses with the typed k8s-openapi struct and serializes back: a field
+/// the schema does not know (or a wrong type) does not survive.
+fn strict(object: &Value) {
+    use k8s_openapi::api::{
+        apps::v1 as apps, core::v1 as core, networking::v1 as net, rbac::v1 as rbac,
+    };
+    fn round<T: serde::de::DeserializeOwned + serde::Serialize>(
+        v: &Value,
+    ) -> Result<Value, String> {
+        let typed: T = serde_json::from_value(v.clone()).map_err(|e| e.to_string())?;
+        Ok(strip_nulls(&serde_json::to_value(typed).unwrap()))
+    }
+    let kind = object["kind"].as_str().unwrap();
+    let back = match kind {
+        "Namespace" => round::<core::Namespace>(object),
+        "ServiceAccount" => round::<core::ServiceAccount>(object),
+        "Secret" => round::<core::Secret>(object),
+        "PersistentVolumeClaim" => round::<core::PersistentVolumeClaim>(object),
+        "Service" => round::<core::Service>(object),
+        "Deployment" => round::<apps::Deployment>(object),
+        "Role" => round::<rbac::Role>(object),
+        "RoleBinding" => round::<rbac::RoleBinding>(object),
+        "NetworkPolicy" => round::<net::NetworkPolicy>(object),
+        other => panic!("unexpected kind {other}"),
+    };
+    let back = back
+        .unwrap_or_else(|e| panic!("{kind} {} does not parse: {e}", object["metadata"]["name"]));
+    assert_eq!(
+        back,
+        strip_nulls(object),
+        "{kind} {} has fields the schema does not know",
+        object["metadata"]["name"]
+    );
+}
+
+fn named<'a>(objects: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    objects.iter().filter(|o| o["kind"] == kind).collect()
+}
+
+fn exists(objects: &[Value], kind: &str, name: &str) -> bool {
+    objects.iter().any(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+}
+
+fn labels_match(selector: &Value, labels: &Value) -> bool {
+    selector.as_object().is_some_and(|s| !s.is_empty() && s.iter().all(|(k, v)| labels[k] == *v))
+}
+
+/// Flags and env vars a binary's --help documents.
+fn help(name: &str) -> (HashSet<String>, HashSet<String>) {
+    let out = Command::new(binary(name)).arg("--help").output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    let flags = text
+        .split_whitespace()
+        .filter(|w| w.starts_with("--"))
+        .map(|w| w.trim_end_matches(|c: char| !c.is_alphanumeric() && c != '-').to_string())
+        .collect();
+    let envs = text
+        .match_indices("[env: ")
+        .map(|(i, _)| text[i + 6..].split('=').next().unwrap().to_string())
+        .collect();
+    (flags, envs)
+}
+
+fn check_overlay(overlay: &str, objects: &[Value]) {
+    for object in objects {
+        // The API server (Go's base64) skips line breaks in Secret data,
+        // which kustomize folds; k8s-openapi's decoder does not.
+        let mut object = object.clone();
+        if let Some(data) = object.get_mut("data").and_then(Value::as_object_mut) {
+            for value in data.values_mut() {
+                if let Some(text) = value.as_str() {
+                    *value = Value::String(text.replace(['\n', '\r'], ""));
+                }
+            }
+        }
+        strict(&object);
+    }
+    let deployments = named(objects, "Deployment");
+    assert_eq!(deployments.len(), 2, "{overlay}: the store and the reconciler");
+    let helps = [
+        ("gateway-store", help("gateway-store")),
+        ("gateway-reconciler", help("gateway-reconciler")),
+    ];
+    for d in &deployments {
+        let name = d["metadata"]["name"].as_str().unwrap();
+        let spec = &d["spec"]["template"]["spec"];
+        assert!(
+            labels_match(
+                &d["spec"]["selector"]["matchLabels"],
+                &d["spec"]["template"]["metadata"]["labels"]
+            ),
+            "{overlay}/{name}: selector matches pod labels"
+        );
+        assert!(
+            exists(objects, "ServiceAccount", spec["serviceAccountName"].as_str().unwrap()),
+            "{overlay}/{name}: service account"
+        );
+        assert_eq!(spec["securityContext"]["runAsNonRoot"], true);
+        assert_eq!(spec["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+        let container = &spec["containers"][0];
+        let sc = &container["securityContext"];
+        assert_eq!(
+            (sc["readOnlyRootFilesystem"].as_bool(), sc["allowPrivilegeEscalation"].as_bool()),
+            (Some(true), Some(false)),
+            "{overlay}/{name}"
+        );
+        assert_eq!(sc["capabilities"]["drop"][0], "ALL");
+        assert!(
+            container["resources"]["requests"].is_object()
+                && container["resources"]["limits"].is_object()
+        );
+        // Flags and env vars the binary really has.
+        let (_, (flags, envs)) = helps.iter().find(|(b, _)| *b == name).unwrap();
+        let args: Vec<&str> =
+            container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+        for arg in &args {
+            let flag = arg.split('=').next().unwrap();
+            assert!(flags.contains(flag), "{overlay}/{name}: {flag} is not a flag of {name}");
+        }
+        for env in container["env"].as_array().into_iter().flatten() {
+            let env = env["name"].as_str().unwrap();
+            assert!(envs.contains(env), "{overlay}/{name}: {env} is not read by {name}");
+        }
+        // Probes hit the HTTP port the binary listens on, on real paths.
+        let http_listen = args.iter().find_map(|a| a.strip_prefix("--http-listen=")).unwrap();
+        let http_port: i64 = http_listen.rsplit(':').next().unwrap().parse().unwrap();
+        let ports = container["ports"].as_array().unwrap();
+        for probe in ["readinessProbe", "livenessProbe"] {
+            let get = &container[probe]["httpGet"];
+            assert!(
+                matches!(get["path"].as_str(), Some("/healthz" | "/readyz")),
+                "{overlay}/{name}: {probe} path"
+            );
+            let port = ports
+                .iter()
+                .find(|p| p["name"] == get["port"])
+                .unwrap_or_else(|| panic!("{overlay}/{name}: {probe} port"));
+            assert_eq!(
+                port["containerPort"], http_port,
+                "{overlay}/{name}: {probe} hits --http-listen"
+            );
+        }
+        // Every referenced Secret, ConfigMap and claim exists or is the user's.
+        for volume in spec["volumes"].as_array().into_iter().flatten() {
+            if let Some(secret) = volume["secret"]["secretName"].as_str() {
+                assert!(
+                    exists(objects, "Secret", secret) || USER_PROVIDED.contains(&secret),
+                    "{overlay}/{name}: Secret {secret}"
+                );
+            }
+            if let Some(claim) = volume["persistentVolumeClaim"]["claimName"].as_str() {
+                assert!(
+                    exists(objects, "PersistentVolumeClaim", claim),
+                    "{overlay}/{name}: claim {claim}"
+                );
+            }
+            let mounted = container["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["name"] == volume["name"]);
+            assert!(mounted, "{overlay}/{name}: volume {} is mounted", volume["name"]);
+        }
+        for env in container["env"].as_array().into_iter().flatten() {
+            if let Some(secret) = env["valueFrom"]["secretKeyRef"]["name"].as_str() {
+                assert!(
+                    exists(objects, "Secret", secret) || USER_PROVIDED.contains(&secret),
+                    "{overlay}/{name}: Secret {secret}"
+                );
+            }
+        }
+        for mount in container["volumeMounts"].as_array().unwrap() {
+            assert!(
+                spec["volumes"].as_array().unwrap().iter().any(|v| v["name"] == mount["name"]),
+                "{overlay}/{name}: mount {}",
+                mount["name"]
+            );
+        }
+        let grace = spec["terminationGracePeriodSeconds"].as_i64().unwrap();
+        assert!(grace >= 30, "{overlay}/{name}: graceful termination longer than the drain");
+    }
+    // Services select a Deployment's pods and target its container ports.
+    for service in named(objects, "Service") {
+        let selector = &service["spec"]["selector"];
+        let target = deployments
+            .iter()
+            .find(|d| labels_match(selector, &d["spec"]["template"]["metadata"]["labels"]))
+            .unwrap();
+        let ports =
+            target["spec"]["template"]["spec"]["containers"][0]["ports"].as_array().unwrap();
+        for port in service["spec"]["ports"].as_array().unwrap() {
+            let ok = ports.iter().any(|p| {
+                p["name"] == port["targetPort"] || p["containerPort"] == port["targetPort"]
+            });
+            assert!(ok, "{overlay}: Service port {} targets a container port", port["name"]);
+        }
+    }
+    for binding in named(objects, "RoleBinding") {
+        assert!(exists(objects, "Role", binding["roleRef"]["name"].as_str().unwrap()));
+        for subject in binding["subjects"].as_array().unwrap() {
+            assert!(exists(objects, "ServiceAccount", subject["name"].as_str().unwrap()));
+        }
+    }
+    for policy in named(objects, "NetworkPolicy") {
+        let store = deployments.iter().find(|d| d["metadata"]["name"] == "gateway-store").unwrap();
+        assert!(labels_match(
+            &policy["spec"]["podSelector"]["matchLabels"],
+            &store["spec"]["template"]["metadata"]["labels"]
+        ));
+        let reconciler =
+            deployments.iter().find(|d| d["metadata"]["name"] == "gateway-reconciler").unwrap();
+        let client = &policy["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"];
+        assert!(
+            labels_match(client, &reconciler["spec"]["template"]["metadata"]["labels"]),
+            "the reconciler may reach the store"
+        );
+    }
+}
+
+#[test]
+fn every_overlay_renders_to_strictly_valid_consistent_objects() {
+    let Some(kubectl) = kubectl() else { return };
+    for overlay in OVERLAYS {
+        let objects = render(&kubectl, overlay);
+        check_overlay(overlay, &objects);
+    }
+    let postgres = render(&kubectl, "postgres");
+    let store = postgres
+        .iter()
+        .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "gateway-store")
+        .unwrap();
+    assert_eq!(store["spec"]["replicas"], 2);
+    assert!(!postgres.iter().any(|o| o["kind"] == "PersistentVolumeClaim"));
+    let ha = render(&kubectl, "ha");
+    let reconciler = ha
+        .iter()
+        .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "gateway-reconciler")
+        .unwrap();
+    assert_eq!(reconciler["spec"]["replicas"], 2);
+    assert!(reconciler["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a == "--leader-elect"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_overlay_applies_to_kube_fake_with_kubectl() {
+    let Some(kubectl) = kubectl() else { return };
+    let kube = gantry_kube_fake::KubeFake::start().await.unwrap();
+    let dir = temp_dir("deploy-apply");
+    let config = dir.join("kubeconfig");
+    std::fs::write(&config, kube.kubeconfig()).unwrap();
+    for overlay in OVERLAYS {
+        let out = Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(&config)
+            .args(["apply", "--server-side", "--validate=false", "-k"])
+            .arg(deploy_dir().join("overlays").join(overlay))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{overlay}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains("deployment.apps/gateway-store serverside-applied"),
+            "{overlay}: {stdout}"
+        );
+    }
+    kube.stop().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `(apiGroup, resource, verb)` triples.
+type Grants = BTreeSet<(String, String, String)>;
+
+fn role_grants(objects: &[Value]) -> Grants {
+    let role = objects.iter().find(|o| o["kind"] == "Role").unwrap();
+    let mut grants = Grants::new();
+    for rule in role["rules"].as_array().unwrap() {
+        for group in rule["apiGroups"].as_array().unwrap() {
+            for resource in rule["resources"].as_array().unwrap() {
+                for verb in rule["verbs"].as_array().unwrap() {
+                    grants.insert((
+                        group.as_str().unwrap().into(),
+                        resource.as_str().unwrap().into(),
+                        verb.as_str().unwrap().into(),
+                    ));
+                }
+            }
+        }
+    }
+    grants
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_role_grants_exactly_what_the_reconciler_calls() {
+    use gantry_api::v1::{
+        CreateGatewayRequest, DeleteGatewayRequest, Gateway, GatewaySpec, GetGatewayRequest,
+        ObjectMeta, Phase, Route, UpdateGatewayRequest,
+    };
+    use gantry_reconciler::controller::{Controller, Settings};
+    use gantry_reconciler::leader::{self, ElectionSettings};
+    let Some(kubectl) = kubectl() else { return };
+
+    // A full lifecycle with leader election: create with a route and three
+    // replicas, shrink (prune), delete.
+    let dir = temp_dir("deploy-rbac");
+    let store = StoreProcess::start(&format!("sqlite://{}", dir.join("gantry.db").display()), &dir);
+    let kube = gantry_kube_fake::KubeFake::start_with(gantry_kube_fake::Options {
+        rollout_delay: Duration::from_millis(10),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let kube_client =
+        kube::Client::try_from(kube::Config::new(kube.url().parse().unwrap())).unwrap();
+    let client = gantry_client::ClientConfig { endpoint: store.endpoint(), ..Default::default() }
+        .connect_lazy()
+        .unwrap();
+    let target =
+        Arc::new(gantry_reconciler::target::kube::KubeTarget::new(kube_client.clone(), "default"));
+    let settings = Settings { poll_interval: Duration::from_millis(100), ..Settings::default() };
+    let controller = Controller::new(
+        client.clone(),
+        target,
+        settings,
+        Arc::new(gantry_reconciler::metrics::Metrics::default()),
+    );
+    let (leading_tx, leading) = tokio::sync::watch::channel(false);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let election = ElectionSettings {
+        lease_name: "gateway-reconciler".into(),
+        namespace: "default".into(),
+        identity: "rbac-test".into(),
+        lease_duration: Duration::from_secs(2),
+        retry_period: Duration::from_millis(100),
+    };
+    let election = tokio::spawn(leader::run(
+        kube::Api::namespaced(kube_client, "default"),
+        election,
+        leading_tx,
+        stop_rx.clone(),
+    ));
+    let mut stop_loop = stop_rx.clone();
+    let reconciler = tokio::spawn(controller.run_while_leading(leading, async move {
+        let _ = stop_loop.wait_for(|s| *s).await;
+    }));
+
+    let wait = |generation: i64, gone: bool| {
+        let client = client.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                let got =
+                    client.clone().get_gateway(GetGatewayRequest { name: "edge".into() }).await;
+                match (&got, gone) {
+                    (Err(s), true) if s.code() == tonic::Code::NotFound => return,
+                    (Ok(g), false) => {
+                        let s = g.get_ref().status.clone().unwrap_or_default();
+                        if s.phase() == Phase::Running && s.observed_generation == generation {
+                            return;
+                        }
+                    }
+                    _ => {}
+                }
+                assert!(tokio::time::Instant::now() < deadline, "the lifecycle did not complete");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let spec = GatewaySpec {
+        image: "ghcr.io/acme/gw:1".into(),
+        replicas: Some(3),
+        route: Some(Route { host: "edge.example.com".into(), tls_secret_name: String::new() }),
+        ..Default::default()
+    };
+    let gateway = Gateway {
+        metadata: Some(ObjectMeta { name: "edge".into(), ..Default::default() }),
+        spec: Some(spec),
+        status: None,
+    };
+    client.clone().create_gateway(CreateGatewayRequest { gateway: Some(gateway) }).await.unwrap();
+    wait(1, false).await;
+    let smaller = Gateway {
+        metadata: Some(ObjectMeta { name: "edge".into(), ..Default::default() }),
+        spec: Some(GatewaySpec { image: "ghcr.io/acme/gw:1".into(), ..Default::default() }),
+        status: None,
+    };
+    let mask = Some(prost_types::FieldMask { paths: vec!["spec".into()] });
+    client
+        .clone()
+        .update_gateway(UpdateGatewayRequest { gateway: Some(smaller), update_mask: mask })
+        .await
+        .unwrap();
+    wait(2, false).await;
+    client
+        .clone()
+        .delete_gateway(DeleteGatewayRequest { name: "edge".into(), resource_version: 0 })
+        .await
+        .unwrap();
+    wait(0, true).await;
+    stop_tx.send(true).unwrap();
+    reconciler.await.unwrap();
+    election.await.unwrap();
+
+    // What was called, as RBAC sees it: an apply may create.
+    let mut used = Grants::new();
+    for r in kube.requests() {
+        let (group, resource) = r.resource.split_once('/').unwrap();
+        let verbs: &[&str] = match r.verb.as_str() {
+            "apply" => &["patch", "create"],
+            other => &[if other == "patch" { "patch" } else { other }],
+        };
+        for verb in verbs {
+            used.insert((group.to_string(), resource.to_string(), verb.to_string()));
+        }
+    }
+    let granted = role_grants(&render(&kubectl, "postgres"));
+    let missing: Vec<_> = used.difference(&granted).collect();
+    let unused: Vec<_> = granted.difference(&used).collect();
+    assert!(missing.is_empty(), "the Role lacks what the reconciler calls: {missing:?}");
+    assert!(unused.is_empty(), "the Role grants what the reconciler never calls: {unused:?}");
+    drop(store);
+    kube.stop().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
