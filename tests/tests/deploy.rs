@@ -492,3 +492,21 @@ async fn the_role_grants_exactly_what_the_reconciler_calls() {
     kube.stop().await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+#[should_panic(expected = "has fields the schema does not know")]
+fn strict_parsing_rejects_unknown_fields() {
+    strict(&serde_json::json!({
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"},
+        "spec": {"ports": [{"port": 80, "targetPrt": 8080}]},
+    }));
+}
+
+#[test]
+#[should_panic(expected = "does not parse")]
+fn strict_parsing_rejects_wrong_types() {
+    strict(&serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "x"},
+        "spec": {"replicas": "two", "selector": {}, "template": {}},
+    }));
+}
