@@ -58,6 +58,8 @@ enum Scenario {
     Watch,
     /// N gateways created at once until all RUNNING (reconciler + kube-fake).
     Converge,
+    /// Many gateways in the store: store RSS and full ListGateways pagination.
+    Scale,
     /// Every scenario.
     All,
 }
@@ -413,12 +415,78 @@ async fn converge(args: &Args, gateways: usize) -> anyhow::Result<Value> {
     Ok(result)
 }
 
+async fn scale(args: &Args, gateways: usize) -> anyhow::Result<Value> {
+    let store = Store::start(args, 4096).await?;
+    eprintln!("scale: {gateways} gateways in the store on {:?}", args.backend);
+    let (rss_empty, _) = store.usage();
+    let started = Instant::now();
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let (mut client, next) = (store.client()?, next.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                if i >= gateways {
+                    return Ok::<(), tonic::Status>(());
+                }
+                let mut g = gateway(&format!("gw-{i:06}"), "ghcr.io/acme/gateway:1.0", &[]);
+                g.metadata.as_mut().map(|m| m.labels.insert("team".into(), format!("t{}", i % 10)));
+                client.create_gateway(CreateGatewayRequest { gateway: Some(g) }).await?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let created = started.elapsed();
+    let (rss_full, _) = store.usage();
+    let client = store.client()?;
+    let list = |selector: &'static str| {
+        let mut client = client.clone();
+        async move {
+            let started = Instant::now();
+            let (mut count, mut token, mut pages) = (0usize, String::new(), 0usize);
+            loop {
+                let page = client
+                    .list_gateways(ListGatewaysRequest {
+                        page_size: 1000,
+                        page_token: token,
+                        label_selector: selector.into(),
+                    })
+                    .await?
+                    .into_inner();
+                count += page.gateways.len();
+                pages += 1;
+                if page.next_page_token.is_empty() {
+                    return Ok::<_, tonic::Status>((count, pages, started.elapsed()));
+                }
+                token = page.next_page_token;
+            }
+        }
+    };
+    let (listed, pages, all_time) = list("").await?;
+    let (selected, _, selected_time) = list("team=t3").await?;
+    anyhow::ensure!(listed == gateways, "listed {listed} of {gateways}");
+    let result = json!({
+        "scenario": "scale", "backend": format!("{:?}", args.backend).to_lowercase(), "gateways": gateways,
+        "create_s": created.as_secs_f64(), "creates_per_s": (gateways as f64 / created.as_secs_f64()).round(),
+        "store_rss_empty_kib": rss_empty, "store_rss_kib": rss_full,
+        "list_all_s": all_time.as_secs_f64(), "list_pages": pages,
+        "list_selector_s": selected_time.as_secs_f64(), "list_selector_matches": selected,
+    });
+    store.stop().await;
+    Ok(result)
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let quick = args.quick;
     let scenarios: Vec<Scenario> = match args.scenario {
-        Scenario::All => vec![Scenario::Write, Scenario::Watch, Scenario::Converge],
+        Scenario::All => {
+            vec![Scenario::Write, Scenario::Watch, Scenario::Converge, Scenario::Scale]
+        }
         one => vec![one],
     };
     for scenario in scenarios {
@@ -442,6 +510,7 @@ async fn main() -> anyhow::Result<()> {
                 out
             }
             Scenario::Converge => vec![converge(&args, if quick { 100 } else { 1000 }).await?],
+            Scenario::Scale => vec![scale(&args, if quick { 2_000 } else { 100_000 }).await?],
             Scenario::All => unreachable!("expanded above"),
         };
         for r in results {
