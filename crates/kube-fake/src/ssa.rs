@@ -176,9 +176,8 @@ fn walk(value: &Value, path: Path, field: &str, out: &mut FieldSet) {
     }
 }
 
-fn find_item<'a>(items: &'a [Value], parent_field: &str, key: &str) -> Option<usize> {
+fn find_item(items: &[Value], parent_field: &str, key: &str) -> Option<usize> {
     let ListKind::Map(spec) = list_kind(parent_field, items.first()) else { return None };
-    let _ = std::marker::PhantomData::<&'a ()>;
     items.iter().position(|item| item_key(item, spec) == key)
 }
 

@@ -836,7 +836,7 @@ impl State {
             )
         };
         let ready = if stalled { 0 } else { replicas };
-        let mut status = json!({
+        let status = json!({
             "observedGeneration": generation,
             "replicas": replicas,
             "updatedReplicas": if stalled { 0 } else { replicas },
@@ -844,12 +844,6 @@ impl State {
             "availableReplicas": ready,
             "conditions": [available, progressing],
         });
-        if !stalled && replicas > 0 {
-            status["unavailableReplicas"] = Value::Null;
-        }
-        if let Some(m) = status.as_object_mut() {
-            m.retain(|_, v| !v.is_null());
-        }
         let mut new = old.clone();
         new.value["status"] = status;
         let writer = Writer {

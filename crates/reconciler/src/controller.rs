@@ -124,7 +124,7 @@ impl Controller {
     pub fn update_gauges(&self) {
         self.metrics.queue_depth.set(i64::try_from(self.queue.len()).unwrap_or(i64::MAX));
         let mut counts: HashMap<String, i64> =
-            Phase::ALL_PHASES.iter().map(|p| (phase_name(*p), 0)).collect();
+            ALL_PHASES.iter().map(|p| (phase_name(*p), 0)).collect();
         for g in lock(&self.cache).values() {
             let phase = g.status.as_ref().map_or(Phase::Unspecified, GatewayStatus::phase);
             *counts.entry(phase_name(phase)).or_default() += 1;
@@ -558,18 +558,13 @@ fn phase_name(phase: Phase) -> String {
     phase.as_str_name().trim_start_matches("PHASE_").to_ascii_lowercase()
 }
 
-trait AllPhases {
-    const ALL_PHASES: [Phase; 7];
-}
-
-impl AllPhases for Phase {
-    const ALL_PHASES: [Phase; 7] = [
-        Phase::Unspecified,
-        Phase::Pending,
-        Phase::Provisioning,
-        Phase::Running,
-        Phase::Degraded,
-        Phase::Failed,
-        Phase::Deleting,
-    ];
-}
+/// Every phase, for the per-phase gauge.
+const ALL_PHASES: [Phase; 7] = [
+    Phase::Unspecified,
+    Phase::Pending,
+    Phase::Provisioning,
+    Phase::Running,
+    Phase::Degraded,
+    Phase::Failed,
+    Phase::Deleting,
+];

@@ -22,7 +22,6 @@ use tonic::{Request, Response, Status};
 use crate::auth::{Authenticator, Principal};
 use crate::errors::{invalid, rule_status, storage_status};
 use crate::metrics::Metrics;
-use crate::storage::Storage;
 use crate::watch::WatchContext;
 use crate::writer::Writer;
 
@@ -34,10 +33,9 @@ pub const MAX_PAGE_SIZE: usize = 1000;
 /// under the 4 MiB a default gRPC client accepts.
 pub const PAGE_BYTE_BUDGET: usize = 2 * 1024 * 1024;
 
-/// The gRPC service over a [`Storage`].
+/// The gRPC service over a [`crate::storage::Storage`].
 #[derive(Debug, Clone)]
 pub struct GatewayApi {
-    storage: Arc<dyn Storage>,
     writer: Writer,
     watch: WatchContext,
     auth: Arc<Authenticator>,
@@ -51,7 +49,7 @@ impl GatewayApi {
         auth: Arc<Authenticator>,
         metrics: Arc<Metrics>,
     ) -> Self {
-        Self { storage: watch.storage.clone(), writer, watch, auth, metrics }
+        Self { writer, watch, auth, metrics }
     }
 
     fn authenticate<T>(&self, request: &Request<T>) -> Result<Principal, Status> {
@@ -98,7 +96,8 @@ impl GatewayApi {
         self.authenticate(&request)?;
         let name = request.into_inner().name;
         validation::validate_name("name", &name).map_err(|e| rule_status(&e))?;
-        self.storage
+        self.watch
+            .storage
             .get(&name)
             .await
             .map_err(storage_status)?
@@ -130,7 +129,7 @@ impl GatewayApi {
         let mut bytes = 0;
         let mut more = false;
         'scan: loop {
-            let snapshot = self.storage.list(&after, batch).await.map_err(storage_status)?;
+            let snapshot = self.watch.storage.list(&after, batch).await.map_err(storage_status)?;
             revision.get_or_insert(snapshot.revision);
             let exhausted = snapshot.gateways.len() < batch;
             for gateway in snapshot.gateways {

@@ -521,62 +521,16 @@ fn small_history() -> WatchSettings {
     }
 }
 
-mod sqlite_small_history {
+on_both_backends!(
+    sqlite_small_history, postgres_small_history;
+    resume_older_than_the_cache_reads_the_events_table => small_cache(),
+    compacted_revisions_are_out_of_range_and_the_client_relists => small_history(),
+    a_stalled_subscriber_is_ended_and_does_not_slow_others =>
+        WatchSettings { cache_events: 32, subscriber_buffer: 16, ..test_watch_settings() },
+);
+
+mod postgres_replicas {
     use super::*;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn resume_older_than_the_cache_reads_the_events_table() {
-        let store = TestStore::start_with(Backend::Sqlite, small_cache()).await.unwrap();
-        super::resume_older_than_the_cache_reads_the_events_table(&store).await;
-        store.stop().await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn compacted_revisions_are_out_of_range_and_the_client_relists() {
-        let store = TestStore::start_with(Backend::Sqlite, small_history()).await.unwrap();
-        super::compacted_revisions_are_out_of_range_and_the_client_relists(&store).await;
-        store.stop().await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_stalled_subscriber_is_ended_and_does_not_slow_others() {
-        let settings =
-            WatchSettings { cache_events: 32, subscriber_buffer: 16, ..test_watch_settings() };
-        let store = TestStore::start_with(Backend::Sqlite, settings).await.unwrap();
-        super::a_stalled_subscriber_is_ended_and_does_not_slow_others(&store).await;
-        store.stop().await;
-    }
-}
-
-mod postgres_small_history {
-    use super::*;
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn resume_older_than_the_cache_reads_the_events_table() {
-        let Some(store) = TestStore::start_with(Backend::Postgres, small_cache()).await else {
-            return;
-        };
-        super::resume_older_than_the_cache_reads_the_events_table(&store).await;
-        store.stop().await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn compacted_revisions_are_out_of_range_and_the_client_relists() {
-        let Some(store) = TestStore::start_with(Backend::Postgres, small_history()).await else {
-            return;
-        };
-        super::compacted_revisions_are_out_of_range_and_the_client_relists(&store).await;
-        store.stop().await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_stalled_subscriber_is_ended_and_does_not_slow_others() {
-        let settings =
-            WatchSettings { cache_events: 32, subscriber_buffer: 16, ..test_watch_settings() };
-        let Some(store) = TestStore::start_with(Backend::Postgres, settings).await else { return };
-        super::a_stalled_subscriber_is_ended_and_does_not_slow_others(&store).await;
-        store.stop().await;
-    }
 
     /// Two stores on one database: writes on both, a watcher on each sees
     /// the complete sequence.

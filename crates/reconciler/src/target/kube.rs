@@ -89,6 +89,21 @@ fn is_not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
 
+/// Deletes one owned object (background propagation); already gone is fine.
+async fn delete_object(
+    api: &Api<DynamicObject>,
+    what: &str,
+    name: &str,
+) -> Result<(), TargetError> {
+    let call = async {
+        match api.delete(name, &DeleteParams::background()).await {
+            Err(e) if is_not_found(&e) => Ok(()),
+            other => other.map(|_| ()),
+        }
+    };
+    bounded(what, call).await
+}
+
 impl KubeTarget {
     pub fn new(client: Client, namespace: impl Into<String>) -> Self {
         Self {
@@ -241,23 +256,8 @@ impl Target for KubeTarget {
             let api = self.api(api_version, kind);
             for object in self.owned(&api, gateway, kind).await? {
                 let name = object.metadata.name.unwrap_or_default();
-                match tokio::time::timeout(
-                    CALL_TIMEOUT,
-                    api.delete(&name, &DeleteParams::background()),
-                )
-                .await
-                {
-                    Ok(Ok(_)) => tracing::info!(gateway, kind, name, "pruned"),
-                    Ok(Err(e)) if is_not_found(&e) => {}
-                    Ok(Err(e)) => {
-                        return Err(TargetError(format!("prune {kind} {name}: {}", describe(&e))))
-                    }
-                    Err(_) => {
-                        return Err(TargetError(format!(
-                            "prune {kind} {name}: no answer within {CALL_TIMEOUT:?}"
-                        )))
-                    }
-                }
+                delete_object(&api, &format!("prune {kind} {name}"), &name).await?;
+                tracing::info!(gateway, kind, name, "pruned");
             }
         }
         Ok(())
@@ -345,23 +345,7 @@ impl Target for KubeTarget {
                     continue;
                 }
                 let name = object.metadata.name.unwrap_or_default();
-                match tokio::time::timeout(
-                    CALL_TIMEOUT,
-                    api.delete(&name, &DeleteParams::background()),
-                )
-                .await
-                {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(e)) if is_not_found(&e) => {}
-                    Ok(Err(e)) => {
-                        return Err(TargetError(format!("delete {kind} {name}: {}", describe(&e))))
-                    }
-                    Err(_) => {
-                        return Err(TargetError(format!(
-                            "delete {kind} {name}: no answer within {CALL_TIMEOUT:?}"
-                        )))
-                    }
-                }
+                delete_object(&api, &format!("delete {kind} {name}"), &name).await?;
             }
         }
         Ok(gone)

@@ -288,25 +288,37 @@ pub fn meta(g: &Gateway) -> &ObjectMeta {
     g.metadata.as_ref().unwrap()
 }
 
-/// Runs each listed scenario `async fn(TestStore)` against both backends.
+/// Runs each listed scenario `async fn(&TestStore)` against both backends,
+/// in modules `sqlite` and `postgres` with the test watch settings, or in
+/// named modules with settings per scenario:
+/// `on_both_backends!(sqlite_x, postgres_x; scenario => settings(), ...)`.
 #[macro_export]
 macro_rules! on_both_backends {
     ($($scenario:ident),* $(,)?) => {
-        mod sqlite {
+        $crate::on_both_backends!(sqlite, postgres; $($scenario => $crate::common::test_watch_settings()),*);
+    };
+    ($sqlite:ident, $postgres:ident; $($scenario:ident => $settings:expr),* $(,)?) => {
+        mod $sqlite {
+            #[allow(unused_imports)]
+            use super::*;
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $scenario() {
-                    let store = $crate::common::TestStore::start($crate::common::Backend::Sqlite).await.unwrap();
+                    let backend = $crate::common::Backend::Sqlite;
+                    let store = $crate::common::TestStore::start_with(backend, $settings).await.unwrap();
                     super::$scenario(&store).await;
                     store.stop().await;
                 }
             )*
         }
-        mod postgres {
+        mod $postgres {
+            #[allow(unused_imports)]
+            use super::*;
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $scenario() {
-                    let Some(store) = $crate::common::TestStore::start($crate::common::Backend::Postgres).await else {
+                    let backend = $crate::common::Backend::Postgres;
+                    let Some(store) = $crate::common::TestStore::start_with(backend, $settings).await else {
                         return;
                     };
                     super::$scenario(&store).await;
