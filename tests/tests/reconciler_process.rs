@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gantry_api::v1::{
@@ -12,7 +12,7 @@ use gantry_api::v1::{
     ObjectMeta, Phase, Route, UpdateGatewayRequest,
 };
 use gantry_client::{ClientConfig, GatewayClient};
-use gantry_e2e::{temp_dir, ReconcilerProcess, StoreProcess};
+use gantry_e2e::{temp_dir, ReconcilerProcess, StoreProcess, TempPostgres};
 use gantry_kube_fake::{KubeFake, Options};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, ListParams};
@@ -167,9 +167,30 @@ async fn the_directory_target_writes_whole_files_and_cleans_up() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Runs `scenario(database_url, dir)` on a SQLite file and on a fresh
+/// PostgreSQL database (skipped outside CI when PostgreSQL is unreachable).
+async fn on_both_backends<F, Fut>(label: &str, scenario: F)
+where
+    F: Fn(String, PathBuf) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let dir = temp_dir(&format!("{label}-sqlite"));
+    scenario(format!("sqlite://{}", dir.join("gantry.db").display()), dir.clone()).await;
+    let _ = std::fs::remove_dir_all(dir);
+    if let Some(db) = TempPostgres::create().await {
+        let dir = temp_dir(&format!("{label}-postgres"));
+        scenario(db.url.clone(), dir.clone()).await;
+        db.drop_database().await;
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kills_and_restarts_of_either_process_converge_without_duplicates() {
-    let dir = temp_dir("reconciler-restarts");
+    on_both_backends("reconciler-restarts", kills_and_restarts).await;
+}
+
+async fn kills_and_restarts(database: String, dir: PathBuf) {
     let kube = KubeFake::start_with(Options {
         rollout_delay: Duration::from_millis(10),
         ..Options::default()
@@ -178,8 +199,7 @@ async fn kills_and_restarts_of_either_process_converge_without_duplicates() {
     .unwrap();
     let kubeconfig = dir.join("kubeconfig");
     std::fs::write(&kubeconfig, kube.kubeconfig()).unwrap();
-    let mut store =
-        StoreProcess::start(&format!("sqlite://{}", dir.join("gantry.db").display()), &dir);
+    let mut store = StoreProcess::start(&database, &dir);
     let args = [
         "--target",
         "kube",
@@ -229,10 +249,13 @@ async fn kills_and_restarts_of_either_process_converge_without_duplicates() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconciler_behind_compaction_relists_and_misses_nothing() {
-    let dir = temp_dir("reconciler-relist");
+    on_both_backends("reconciler-relist", behind_compaction).await;
+}
+
+async fn behind_compaction(database: String, dir: PathBuf) {
     let manifests = dir.join("manifests");
     let store = StoreProcess::start_with(
-        &format!("sqlite://{}", dir.join("gantry.db").display()),
+        &database,
         &dir,
         &[
             "--watch-buffer",
