@@ -162,7 +162,12 @@ impl KubeFake {
             let _ = stop.send(());
         }
         if let Some(task) = self.task.take() {
-            let _ = task.await;
+            // A watch opened just before the stop would hold graceful
+            // shutdown open forever; a test tool does not wait for it.
+            let abort = task.abort_handle();
+            if tokio::time::timeout(std::time::Duration::from_secs(5), task).await.is_err() {
+                abort.abort();
+            }
         }
     }
 }

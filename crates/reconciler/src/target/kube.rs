@@ -357,7 +357,9 @@ impl Target for KubeTarget {
             let api = self.api(api_version, kind);
             let present = self.present.clone();
             let kind = kind.to_string();
-            watcher(api, config.clone())
+            // Backoff between failed (re)connections: without it a watcher
+            // whose API server is gone retries in a tight loop.
+            kube::runtime::WatchStreamExt::default_backoff(watcher(api, config.clone()))
                 .filter_map(move |event| {
                     let present = present.clone();
                     let kind = kind.clone();
