@@ -1,42 +1,54 @@
-//! `gantry-bench`: starts what a scenario needs (gateway-store as a process
-//! on SQLite or PostgreSQL, the reconciler, kube-fake) on free ports, runs
-//! it for a bounded time, and prints one JSON object per scenario: inputs,
-//! throughput, latency percentiles and the store's RSS and CPU. Progress
+//! `gantry-bench`: starts what a scenario needs (gateway-store on SQLite or
+//! PostgreSQL, gateway-reconciler, kube-fake) on free ports, runs it for a
+//! bounded time, and prints one JSON object per measurement: inputs,
+//! throughput, latency percentiles and each process's RSS and CPU. Progress
 //! goes to stderr. Timings are measured here, never asserted by tests.
 
-use std::net::TcpListener;
+mod procs;
+mod report;
+mod tracker;
+
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
 use gantry_api::v1::{
-    CreateGatewayRequest, Gateway, GatewaySpec, ListGatewaysRequest, ObjectMeta, Phase,
+    CreateGatewayRequest, Gateway, GatewaySpec, ListGatewaysRequest, ObjectMeta,
     UpdateGatewayRequest, WatchGatewaysRequest,
 };
 use gantry_client::{ClientConfig, GatewayClient};
 use serde_json::{json, Value};
-use sqlx::Connection as _;
 use tokio_stream::StreamExt;
 
+use procs::{Reconciler, Store, Usage};
+use tracker::Tracker;
+
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum Backend {
+pub enum Backend {
     Sqlite,
     Postgres,
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+        }
+    }
 }
 
 /// Benchmark scenarios for gantry.
 #[derive(Parser, Debug)]
 #[command(name = "gantry-bench", version, about)]
-struct Args {
-    /// Small sizes and short runs (a smoke check, about a minute in all).
+pub struct Args {
+    /// Small sizes and short runs (a smoke check, under three minutes).
     #[arg(long, global = true, env = "GANTRY_BENCH_QUICK")]
     quick: bool,
     /// Store backend.
-    #[arg(long, global = true, value_enum, default_value_t = Backend::Sqlite)]
+    #[arg(long, global = true, env = "GANTRY_BENCH_BACKEND", value_enum, default_value_t = Backend::Sqlite)]
     backend: Backend,
     /// PostgreSQL server for --backend postgres (a fresh database is made).
     #[arg(
@@ -46,6 +58,11 @@ struct Args {
         default_value = "postgres://postgres@127.0.0.1:5432/test"
     )]
     postgres_url: String,
+    /// Also append the results (a section with the command, commit, machine
+    /// and tables) to this Markdown file, and write latency plots as SVG
+    /// files next to it.
+    #[arg(long, global = true, env = "GANTRY_BENCH_APPEND")]
+    append: Option<PathBuf>,
     #[command(subcommand)]
     scenario: Scenario,
 }
@@ -54,122 +71,19 @@ struct Args {
 enum Scenario {
     /// Concurrent clients doing spec updates (durable acknowledgements).
     Write,
-    /// Watchers on their own connections while a writer changes gateways.
+    /// Watchers on their own connections or sharing one, while a writer
+    /// changes a gateway back to back or at a fixed rate.
     Watch,
-    /// N gateways created at once until all RUNNING (reconciler + kube-fake).
+    /// Update → observed latency at a fixed update rate, and N gateways
+    /// created at once until all RUNNING (reconciler + kube-fake).
     Converge,
-    /// Many gateways in the store: store RSS and full ListGateways pagination.
+    /// Many gateways: store RSS, full pagination, reconciler cold start and
+    /// RSS, cluster writes during a no-drift resync.
     Scale,
+    /// Converged gateways left alone: CPU, cluster requests, store requests.
+    Idle,
     /// Every scenario.
     All,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
-}
-
-fn sibling(name: &str) -> PathBuf {
-    std::env::current_exe()
-        .ok()
-        .and_then(|p| p.parent().map(|d| d.join(name)))
-        .unwrap_or_else(|| PathBuf::from(name))
-}
-
-/// A gateway-store process for a scenario.
-struct Store {
-    child: Child,
-    endpoint: String,
-    dir: PathBuf,
-    database: Option<(String, String)>,
-}
-
-impl Store {
-    async fn start(args: &Args, watch_buffer: usize) -> anyhow::Result<Store> {
-        let dir =
-            std::env::temp_dir().join(format!("gantry-bench-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir)?;
-        let (url, database) = match args.backend {
-            Backend::Sqlite => (format!("sqlite://{}", dir.join("gantry.db").display()), None),
-            Backend::Postgres => {
-                let name = format!("gantry_bench_{}", uuid::Uuid::new_v4().simple());
-                let mut admin = sqlx::PgConnection::connect(&args.postgres_url)
-                    .await
-                    .context("connect to PostgreSQL")?;
-                sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut admin).await?;
-                let base = args
-                    .postgres_url
-                    .rsplit_once('/')
-                    .map_or(args.postgres_url.as_str(), |(b, _)| b)
-                    .to_string();
-                (format!("{base}/{name}"), Some((args.postgres_url.clone(), name)))
-            }
-        };
-        let (grpc, http) = (free_port(), free_port());
-        let child = Command::new(sibling("gateway-store"))
-            .args(["--allow-unauthenticated", "--database-url", &url, "--data-dir"])
-            .arg(&dir)
-            .args([
-                "--listen",
-                &format!("127.0.0.1:{grpc}"),
-                "--http-listen",
-                &format!("127.0.0.1:{http}"),
-            ])
-            .args(["--watch-buffer", &watch_buffer.to_string(), "--log-level", "warn"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("start gateway-store (build it first: cargo build --release --bins)")?;
-        let endpoint = format!("http://127.0.0.1:{grpc}");
-        let store = Store { child, endpoint, dir, database };
-        let client = store.client()?;
-        for _ in 0..600 {
-            if client.clone().list_gateways(ListGatewaysRequest::default()).await.is_ok() {
-                return Ok(store);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        anyhow::bail!("gateway-store did not start")
-    }
-
-    fn client(&self) -> anyhow::Result<GatewayClient> {
-        Ok(ClientConfig { endpoint: self.endpoint.clone(), ..Default::default() }.connect_lazy()?)
-    }
-
-    /// (RSS in KiB, CPU seconds) of the store process.
-    fn usage(&self) -> (u64, f64) {
-        let pid = self.child.id();
-        let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("VmRSS:"))
-                    .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-            })
-            .unwrap_or(0);
-        let cpu = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| {
-                let fields: Vec<&str> = s.rsplit(')').next()?.split_whitespace().collect();
-                let ticks: u64 =
-                    fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-                Some(ticks as f64 / 100.0)
-            })
-            .unwrap_or(0.0);
-        (rss, cpu)
-    }
-
-    async fn stop(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-        if let Some((admin_url, name)) = self.database.take() {
-            if let Ok(mut admin) = sqlx::PgConnection::connect(&admin_url).await {
-                let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                    .execute(&mut admin)
-                    .await;
-            }
-        }
-    }
 }
 
 fn gateway(name: &str, image: &str, config: &[(&str, String)]) -> Gateway {
@@ -202,9 +116,35 @@ fn percentiles(mut micros: Vec<u64>) -> Value {
     json!({"p50_us": at(0.5), "p90_us": at(0.9), "p99_us": at(0.99), "max_us": micros[micros.len() - 1], "samples": micros.len()})
 }
 
+/// Creates `count` gateways named `{prefix}-{i:06}` from 64 concurrent
+/// clients, labelled `team=t{i % 10}`.
+async fn create_gateways(store: &Store, prefix: &str, count: usize) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let (mut client, next, prefix) = (store.client()?, next.clone(), prefix.to_string());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                if i >= count {
+                    return Ok::<(), tonic::Status>(());
+                }
+                let mut g = gateway(&format!("{prefix}-{i:06}"), "ghcr.io/acme/gateway:1.0", &[]);
+                g.metadata.as_mut().map(|m| m.labels.insert("team".into(), format!("t{}", i % 10)));
+                client.create_gateway(CreateGatewayRequest { gateway: Some(g) }).await?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(started.elapsed())
+}
+
 async fn write(args: &Args, clients: usize, duration: Duration) -> anyhow::Result<Value> {
     let store = Store::start(args, 4096).await?;
-    eprintln!("write: {clients} clients for {duration:?} on {:?}", args.backend);
+    eprintln!("write: {clients} clients for {duration:?} on {}", args.backend.name());
     let mut setup = store.client()?;
     for c in 0..clients {
         setup
@@ -213,7 +153,7 @@ async fn write(args: &Args, clients: usize, duration: Duration) -> anyhow::Resul
             })
             .await?;
     }
-    let (_, cpu_before) = store.usage();
+    let before = store.usage();
     let deadline = Instant::now() + duration;
     let mut tasks = Vec::new();
     for c in 0..clients {
@@ -239,40 +179,54 @@ async fn write(args: &Args, clients: usize, duration: Duration) -> anyhow::Resul
     for t in tasks {
         all.extend(t.await?);
     }
-    let (rss, cpu_after) = store.usage();
     let ops = all.len();
     let result = json!({
-        "scenario": "write", "backend": format!("{:?}", args.backend).to_lowercase(), "clients": clients,
+        "scenario": "write", "backend": args.backend.name(), "clients": clients,
         "duration_s": duration.as_secs_f64(), "acknowledged_writes": ops,
         "writes_per_s": (ops as f64 / duration.as_secs_f64()).round(),
-        "latency": percentiles(all), "store_rss_kib": rss, "store_cpu_s": cpu_after - cpu_before,
+        "latency": percentiles(all), "store": store.usage().since(before),
     });
     store.stop().await;
     Ok(result)
 }
 
-async fn watch(args: &Args, watchers: usize, duration: Duration) -> anyhow::Result<Value> {
+/// How the watch writer paces its writes.
+#[derive(Clone, Copy, Debug)]
+enum Pace {
+    BackToBack,
+    PerSecond(u32),
+}
+
+async fn watch(
+    args: &Args,
+    watchers: usize,
+    shared_connection: bool,
+    pace: Pace,
+    duration: Duration,
+) -> anyhow::Result<Value> {
     let store = Store::start(args, 65_536).await?;
+    let connections = if shared_connection { 1 } else { watchers };
     eprintln!(
-        "watch: {watchers} watchers on {watchers} connections for {duration:?} on {:?}",
-        args.backend
+        "watch: {watchers} watchers on {connections} connection(s), writes {pace:?}, for {duration:?} on {}",
+        args.backend.name()
     );
     let mut writer = store.client()?;
     writer
         .create_gateway(CreateGatewayRequest { gateway: Some(gateway("hot", "gw:0", &[])) })
         .await?;
-    let (rss_before, _) = store.usage();
+    let rss_before = store.usage().rss_kib;
     let epoch = Instant::now();
     let received = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(tokio::sync::Notify::new());
+    let config = ClientConfig { endpoint: store.endpoint.clone(), ..Default::default() };
+    let shared = gantry_client::connect(&config).await?;
     let mut tasks = Vec::new();
     for _ in 0..watchers {
-        // Each watcher on its own connection.
-        let mut client = gantry_client::connect(&ClientConfig {
-            endpoint: store.endpoint.clone(),
-            ..Default::default()
-        })
-        .await?;
+        let mut client = if shared_connection {
+            shared.clone()
+        } else {
+            gantry_client::connect(&config).await?
+        };
         let mut stream = client.watch_gateways(WatchGatewaysRequest::default()).await?.into_inner();
         let (received, stop) = (received.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
@@ -297,154 +251,238 @@ async fn watch(args: &Args, watchers: usize, duration: Duration) -> anyhow::Resu
         }));
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let (rss_watching, cpu_before) = store.usage();
+    let watching = store.usage();
     let received_before = received.load(Ordering::Relaxed);
     let deadline = Instant::now() + duration;
     let mut writes = 0u64;
+    let mut ticks = match pace {
+        Pace::PerSecond(rate) => {
+            Some(tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate.max(1)))))
+        }
+        Pace::BackToBack => None,
+    };
     while Instant::now() < deadline {
+        if let Some(ticks) = ticks.as_mut() {
+            ticks.tick().await;
+        }
         let t = epoch.elapsed().as_micros().to_string();
         update_spec(&mut writer, gateway("hot", &format!("gw:{writes}"), &[("t", t)])).await?;
         writes += 1;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let (rss_after, cpu_after) = store.usage();
+    let after = store.usage();
     stop.notify_waiters();
     let mut all = Vec::new();
     for t in tasks {
         all.extend(t.await?);
     }
     let delivered = received.load(Ordering::Relaxed) - received_before;
-    let per_watcher = rss_watching.saturating_sub(rss_before) as f64 / watchers.max(1) as f64;
+    let expected = writes * watchers as u64;
+    let per_watcher = watching.rss_kib.saturating_sub(rss_before) as f64 / watchers.max(1) as f64;
+    let pace_json = match pace {
+        Pace::BackToBack => json!("back-to-back"),
+        Pace::PerSecond(r) => json!(r),
+    };
     let result = json!({
-        "scenario": "watch", "backend": format!("{:?}", args.backend).to_lowercase(), "watchers": watchers, "connections": watchers,
-        "duration_s": duration.as_secs_f64(), "writes": writes, "delivered_events": delivered,
+        "scenario": "watch", "backend": args.backend.name(), "watchers": watchers, "connections": connections,
+        "writes_per_s_target": pace_json, "duration_s": duration.as_secs_f64(), "writes": writes,
+        "delivered_events": delivered, "undelivered_events": expected.saturating_sub(delivered),
         "delivered_per_s": (delivered as f64 / duration.as_secs_f64()).round(),
         "write_to_receive": percentiles(all),
-        "store_rss_kib": rss_after, "store_rss_per_watcher_kib": (per_watcher * 10.0).round() / 10.0, "store_cpu_s": cpu_after - cpu_before,
+        "store_rss_per_watcher_kib": (per_watcher * 10.0).round() / 10.0, "store": after.since(watching),
     });
     store.stop().await;
     Ok(result)
 }
 
-async fn converge(args: &Args, gateways: usize) -> anyhow::Result<Value> {
-    use gantry_reconciler::controller::{Controller, Settings};
-    let store = Store::start(args, 4096).await?;
-    eprintln!("converge: {gateways} gateways at once, kube target on kube-fake (no rollout delay)");
-    let kube = gantry_kube_fake::KubeFake::start_with(gantry_kube_fake::Options {
-        rollout_delay: Duration::ZERO,
-        ..Default::default()
-    })
-    .await?;
-    let kube_client = kube::Client::try_from(kube::Config::new(kube.url().parse()?))?;
-    let target = Arc::new(gantry_reconciler::target::kube::KubeTarget::new(kube_client, "default"));
-    let settings = Settings { poll_interval: Duration::from_millis(50), ..Settings::default() };
-    let controller = Controller::new(
-        store.client()?,
-        target,
-        settings,
-        Arc::new(gantry_reconciler::metrics::Metrics::default()),
-    );
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let reconciler = tokio::spawn(controller.run(async move {
-        let _ = stop_rx.wait_for(|s| *s).await;
-    }));
-    let client = store.client()?;
+/// gateway-store, kube-fake (in this process, no rollout delay), and a
+/// gateway-reconciler process between them.
+struct Pair {
+    store: Store,
+    kube: gantry_kube_fake::KubeFake,
+    kubeconfig: tempfile_path::TempPath,
+    reconciler: Option<Reconciler>,
+}
+
+mod tempfile_path {
+    /// A file removed when dropped.
+    pub struct TempPath(pub std::path::PathBuf);
+    impl Drop for TempPath {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+impl Pair {
+    async fn start(args: &Args) -> anyhow::Result<Pair> {
+        let store = Store::start(args, 65_536).await?;
+        let kube = gantry_kube_fake::KubeFake::start_with(gantry_kube_fake::Options {
+            rollout_delay: Duration::ZERO,
+            ..Default::default()
+        })
+        .await?;
+        let path = std::env::temp_dir()
+            .join(format!("gantry-bench-kubeconfig-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::write(&path, kube.kubeconfig())?;
+        Ok(Pair { store, kube, kubeconfig: tempfile_path::TempPath(path), reconciler: None })
+    }
+
+    async fn start_reconciler(&mut self, sync_period: Duration) -> anyhow::Result<&Reconciler> {
+        let reconciler = Reconciler::start(&self.store, &self.kubeconfig.0, sync_period).await?;
+        Ok(self.reconciler.insert(reconciler))
+    }
+
+    fn reconciler(&self) -> anyhow::Result<&Reconciler> {
+        self.reconciler.as_ref().ok_or_else(|| anyhow::anyhow!("the reconciler is not running"))
+    }
+
+    /// Cluster requests since the last call: (all, writes).
+    fn take_kube_requests(&self) -> (usize, usize) {
+        let requests = self.kube.requests();
+        self.kube.clear_requests();
+        (requests.len(), requests.iter().filter(|r| r.is_write()).count())
+    }
+
+    async fn stop(mut self) {
+        if let Some(r) = self.reconciler.take() {
+            r.stop();
+        }
+        self.kube.stop().await;
+        self.store.stop().await;
+    }
+}
+
+/// Waits until `pair`'s reconciler has made `count` passes since it
+/// started; false after `limit`.
+async fn wait_reconciles(pair: &Pair, count: u64, limit: Duration) -> anyhow::Result<bool> {
     let started = Instant::now();
-    let mut creates = Vec::new();
-    for i in 0..gateways {
-        let mut c = client.clone();
-        creates.push(tokio::spawn(async move {
-            c.create_gateway(CreateGatewayRequest {
-                gateway: Some(gateway(&format!("g{i}"), "gw:1", &[])),
-            })
-            .await
-        }));
-    }
-    for c in creates {
-        c.await??;
-    }
-    let created = started.elapsed();
+    let mut reported = Instant::now();
     loop {
-        let mut running = 0;
-        let mut token = String::new();
-        loop {
-            let page = client
-                .clone()
-                .list_gateways(ListGatewaysRequest {
-                    page_size: 1000,
-                    page_token: token,
-                    label_selector: String::new(),
-                })
-                .await?
-                .into_inner();
-            running += page
-                .gateways
-                .iter()
-                .filter(|g| {
-                    g.status
-                        .as_ref()
-                        .is_some_and(|s| s.phase() == Phase::Running && s.observed_generation == 1)
-                })
-                .count();
-            if page.next_page_token.is_empty() {
-                break;
-            }
-            token = page.next_page_token;
+        let done = pair.reconciler()?.reconciles().await?;
+        if done >= count {
+            return Ok(true);
         }
-        if running == gateways {
-            break;
+        if started.elapsed() > limit {
+            return Ok(false);
         }
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(600),
-            "not all RUNNING after 10 minutes ({running}/{gateways})"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        if reported.elapsed() > Duration::from_secs(5) {
+            eprintln!("  {done}/{count} reconcile passes after {:?}", started.elapsed());
+            reported = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let all_running = started.elapsed();
-    let requests = kube.requests().len();
-    let _ = stop_tx.send(true);
-    let _ = reconciler.await;
-    let (rss, _) = store.usage();
-    let result = json!({
-        "scenario": "converge", "backend": format!("{:?}", args.backend).to_lowercase(), "gateways": gateways,
-        "created_s": created.as_secs_f64(), "all_running_s": all_running.as_secs_f64(),
-        "kube_requests_per_gateway": (requests as f64 / gateways as f64 * 10.0).round() / 10.0, "store_rss_kib": rss,
-    });
-    kube.stop().await;
-    store.stop().await;
-    Ok(result)
 }
 
-async fn scale(args: &Args, gateways: usize) -> anyhow::Result<Value> {
-    let store = Store::start(args, 4096).await?;
-    eprintln!("scale: {gateways} gateways in the store on {:?}", args.backend);
-    let (rss_empty, _) = store.usage();
-    let started = Instant::now();
-    let next = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..64 {
-        let (mut client, next) = (store.client()?, next.clone());
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                if i >= gateways {
-                    return Ok::<(), tonic::Status>(());
-                }
-                let mut g = gateway(&format!("gw-{i:06}"), "ghcr.io/acme/gateway:1.0", &[]);
-                g.metadata.as_mut().map(|m| m.labels.insert("team".into(), format!("t{}", i % 10)));
-                client.create_gateway(CreateGatewayRequest { gateway: Some(g) }).await?;
-            }
+/// First the update → observed latency at `rate` updates/s over 10
+/// gateways, then each burst: that many gateways created at once, timed
+/// until all are RUNNING.
+async fn converge(
+    args: &Args,
+    bursts: &[usize],
+    rate: u32,
+    rate_duration: Duration,
+) -> anyhow::Result<Vec<Value>> {
+    let mut pair = Pair::start(args).await?;
+    pair.start_reconciler(Duration::from_secs(300)).await?;
+    let tracker = Tracker::start(pair.store.client()?);
+    let mut results = Vec::new();
+
+    eprintln!("converge: {rate} updates/s for {rate_duration:?} over 10 gateways");
+    create_gateways(&pair.store, "steady", 10).await?;
+    anyhow::ensure!(
+        tracker.wait_converged(10, Duration::from_secs(60), "steady").await,
+        "10 gateways did not converge"
+    );
+    let (store_before, reconciler_before) = (pair.store.usage(), pair.reconciler()?.usage());
+    pair.take_kube_requests();
+    let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate.max(1))));
+    let deadline = Instant::now() + rate_duration;
+    let mut updates = Vec::new();
+    let mut i = 0usize;
+    while Instant::now() < deadline {
+        ticks.tick().await;
+        i += 1;
+        let (mut client, tracker) = (pair.store.client()?, tracker.clone());
+        updates.push(tokio::spawn(async move {
+            let name = format!("steady-{:06}", i % 10);
+            let sent = Instant::now();
+            let g = gateway(&name, &format!("ghcr.io/acme/gateway:1.{i}"), &[]);
+            let updated = update_spec(&mut client, g).await?;
+            tracker.expect(&name, updated.metadata.map_or(0, |m| m.generation), sent);
+            Ok::<(), tonic::Status>(())
         }));
     }
-    for t in tasks {
-        t.await??;
+    for u in updates {
+        u.await??;
     }
-    let created = started.elapsed();
-    let (rss_full, _) = store.usage();
-    let client = store.client()?;
+    let settle = Instant::now();
+    while tracker.pending() > 0 && settle.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (kube_requests, kube_writes) = pair.take_kube_requests();
+    results.push(json!({
+        "scenario": "converge", "mode": "fixed-rate", "backend": args.backend.name(),
+        "updates_per_s": rate, "duration_s": rate_duration.as_secs_f64(), "updates": i,
+        "not_observed_within_10s": tracker.pending(),
+        "update_to_observed": percentiles(tracker.take_observed()),
+        "kube_requests_per_update": (kube_requests as f64 / i.max(1) as f64 * 10.0).round() / 10.0,
+        "kube_writes_per_update": (kube_writes as f64 / i.max(1) as f64 * 10.0).round() / 10.0,
+        "store": pair.store.usage().since(store_before),
+        "reconciler": pair.reconciler()?.usage().since(reconciler_before),
+    }));
+
+    let mut existing = 10;
+    for (b, &gateways) in bursts.iter().enumerate() {
+        eprintln!("converge: {gateways} gateways created at once ({existing} already there)");
+        let (store_before, reconciler_before) = (pair.store.usage(), pair.reconciler()?.usage());
+        let started = Instant::now();
+        let mut creates = Vec::new();
+        for i in 0..gateways {
+            let mut client = pair.store.client()?;
+            creates.push(tokio::spawn(async move {
+                client
+                    .create_gateway(CreateGatewayRequest {
+                        gateway: Some(gateway(&format!("burst{b}-{i:06}"), "gw:1", &[])),
+                    })
+                    .await
+            }));
+        }
+        for c in creates {
+            c.await??;
+        }
+        let created = started.elapsed();
+        existing += gateways;
+        anyhow::ensure!(
+            tracker.wait_converged(existing, Duration::from_secs(900), "burst").await,
+            "not all {gateways} gateways RUNNING after 15 minutes"
+        );
+        let all_running = started.elapsed();
+        let (kube_requests, kube_writes) = pair.take_kube_requests();
+        results.push(json!({
+            "scenario": "converge", "mode": "burst", "backend": args.backend.name(), "gateways": gateways,
+            "created_s": created.as_secs_f64(), "all_running_s": all_running.as_secs_f64(),
+            "kube_requests_per_gateway": (kube_requests as f64 / gateways as f64 * 10.0).round() / 10.0,
+            "kube_writes_per_gateway": (kube_writes as f64 / gateways as f64 * 10.0).round() / 10.0,
+            "store": pair.store.usage().since(store_before),
+            "reconciler": pair.reconciler()?.usage().since(reconciler_before),
+        }));
+    }
+    drop(tracker);
+    pair.stop().await;
+    Ok(results)
+}
+
+async fn scale(args: &Args, gateways: usize, sync_period: Duration) -> anyhow::Result<Value> {
+    let mut pair = Pair::start(args).await?;
+    eprintln!("scale: {gateways} gateways in the store on {}", args.backend.name());
+    let rss_empty = pair.store.usage().rss_kib;
+    let created = create_gateways(&pair.store, "gw", gateways).await?;
+    let rss_full = pair.store.usage().rss_kib;
     let list = |selector: &'static str| {
-        let mut client = client.clone();
+        let mut client = pair.store.client();
         async move {
+            let client = client.as_mut().map_err(|e| tonic::Status::internal(e.to_string()))?;
             let started = Instant::now();
             let (mut count, mut token, mut pages) = (0usize, String::new(), 0usize);
             loop {
@@ -468,54 +506,181 @@ async fn scale(args: &Args, gateways: usize) -> anyhow::Result<Value> {
     let (listed, pages, all_time) = list("").await?;
     let (selected, _, selected_time) = list("team=t3").await?;
     anyhow::ensure!(listed == gateways, "listed {listed} of {gateways}");
+
+    eprintln!("scale: the reconciler converges {gateways} gateways");
+    let tracker = Tracker::start(pair.store.client()?);
+    let started = Instant::now();
+    pair.start_reconciler(sync_period).await?;
+    anyhow::ensure!(
+        tracker.wait_converged(gateways, Duration::from_secs(3600), "first converge").await,
+        "not all gateways converged within an hour"
+    );
+    let first_converge = started.elapsed();
+    drop(tracker);
+    if let Some(r) = pair.reconciler.take() {
+        r.stop();
+    }
+    pair.take_kube_requests();
+
+    eprintln!("scale: reconciler cold start over {gateways} converged gateways");
+    let started = Instant::now();
+    pair.start_reconciler(sync_period).await?;
+    anyhow::ensure!(
+        wait_reconciles(&pair, gateways as u64, Duration::from_secs(600)).await?,
+        "the restarted reconciler did not check every gateway within 10 minutes"
+    );
+    let cold_start = started.elapsed();
+    let after_start = pair.reconciler()?.usage();
+    let (cold_requests, cold_writes) = pair.take_kube_requests();
+
+    eprintln!("scale: waiting for a periodic resync (sync period {sync_period:?})");
+    let resync_limit = sync_period * 2 + Duration::from_secs(600);
+    anyhow::ensure!(
+        wait_reconciles(&pair, 2 * gateways as u64, resync_limit).await?,
+        "no full resync within {resync_limit:?}"
+    );
+    let after_resync = pair.reconciler()?.usage();
+    let (resync_requests, resync_writes) = pair.take_kube_requests();
     let result = json!({
-        "scenario": "scale", "backend": format!("{:?}", args.backend).to_lowercase(), "gateways": gateways,
+        "scenario": "scale", "backend": args.backend.name(), "gateways": gateways,
         "create_s": created.as_secs_f64(), "creates_per_s": (gateways as f64 / created.as_secs_f64()).round(),
         "store_rss_empty_kib": rss_empty, "store_rss_kib": rss_full,
         "list_all_s": all_time.as_secs_f64(), "list_pages": pages,
         "list_selector_s": selected_time.as_secs_f64(), "list_selector_matches": selected,
+        "reconciler_first_converge_s": first_converge.as_secs_f64(),
+        "reconciler_cold_start_s": cold_start.as_secs_f64(),
+        "reconciler_cold_start_kube_requests": cold_requests, "reconciler_cold_start_kube_writes": cold_writes,
+        "resync_kube_requests": resync_requests, "resync_kube_writes": resync_writes,
+        "reconciler_rss_kib": after_start.rss_kib.max(after_resync.rss_kib),
+        "store_rss_with_reconciler_kib": pair.store.usage().rss_kib,
     });
-    store.stop().await;
+    pair.stop().await;
     Ok(result)
+}
+
+async fn idle(args: &Args, gateways: usize, duration: Duration) -> anyhow::Result<Value> {
+    let mut pair = Pair::start(args).await?;
+    eprintln!("idle: {gateways} converged gateways for {duration:?} on {}", args.backend.name());
+    create_gateways(&pair.store, "idle", gateways).await?;
+    let tracker = Tracker::start(pair.store.client()?);
+    // The default sync period: an idle resync happens in a 5-minute window.
+    pair.start_reconciler(Duration::from_secs(300)).await?;
+    anyhow::ensure!(
+        tracker.wait_converged(gateways, Duration::from_secs(1800), "idle setup").await,
+        "gateways did not converge"
+    );
+    drop(tracker);
+    // Let the last status writes and watch events settle.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    pair.take_kube_requests();
+    let (store_before, reconciler_before) = (pair.store.usage(), pair.reconciler()?.usage());
+    let (store_requests_before, passes_before) =
+        (pair.store.requests().await?, pair.reconciler()?.reconciles().await?);
+    tokio::time::sleep(duration).await;
+    let (store_after, reconciler_after) = (pair.store.usage(), pair.reconciler()?.usage());
+    let (store_requests_after, passes_after) =
+        (pair.store.requests().await?, pair.reconciler()?.reconciles().await?);
+    let (kube_requests, kube_writes) = pair.take_kube_requests();
+    let seconds = duration.as_secs_f64();
+    let core_percent = |after: Usage, before: Usage| {
+        ((after.cpu_s - before.cpu_s) / seconds * 1000.0).round() / 10.0
+    };
+    let result = json!({
+        "scenario": "idle", "backend": args.backend.name(), "gateways": gateways, "duration_s": seconds,
+        "kube_requests": kube_requests, "kube_writes": kube_writes,
+        "store_grpc_requests": store_requests_after - store_requests_before,
+        "reconcile_passes": passes_after - passes_before,
+        "store_core_percent": core_percent(store_after, store_before),
+        "reconciler_core_percent": core_percent(reconciler_after, reconciler_before),
+        "store": store_after.since(store_before), "reconciler": reconciler_after.since(reconciler_before),
+    });
+    pair.stop().await;
+    Ok(result)
+}
+
+async fn run(args: &Args, scenario: Scenario) -> anyhow::Result<Vec<Value>> {
+    let quick = args.quick;
+    let secs = Duration::from_secs;
+    let mut out = Vec::new();
+    match scenario {
+        Scenario::Write => {
+            let (clients, seconds): (&[usize], u64) =
+                if quick { (&[1, 16], 2) } else { (&[1, 16, 64, 256], 10) };
+            for c in clients {
+                out.push(write(args, *c, secs(seconds)).await?);
+            }
+        }
+        Scenario::Watch => {
+            // (watchers, shared connection, pace)
+            let runs: &[(usize, bool, Pace)] = if quick {
+                &[
+                    (1, false, Pace::BackToBack),
+                    (100, false, Pace::BackToBack),
+                    (100, true, Pace::PerSecond(100)),
+                ]
+            } else {
+                &[
+                    (1, false, Pace::BackToBack),
+                    (100, false, Pace::BackToBack),
+                    (1000, false, Pace::BackToBack),
+                    (1000, true, Pace::BackToBack),
+                    (1000, false, Pace::PerSecond(100)),
+                    (10_000, false, Pace::PerSecond(10)),
+                    (10_000, true, Pace::PerSecond(10)),
+                ]
+            };
+            for (watchers, shared, pace) in runs {
+                out.push(
+                    watch(args, *watchers, *shared, *pace, secs(if quick { 2 } else { 10 }))
+                        .await?,
+                );
+            }
+        }
+        Scenario::Converge => {
+            out.extend(if quick {
+                converge(args, &[100], 50, secs(3)).await?
+            } else {
+                converge(args, &[1000, 10_000], 50, secs(20)).await?
+            });
+        }
+        Scenario::Scale => out.push(if quick {
+            scale(args, 2_000, secs(5)).await?
+        } else {
+            scale(args, 100_000, secs(120)).await?
+        }),
+        Scenario::Idle => out.push(if quick {
+            idle(args, 200, secs(5)).await?
+        } else {
+            idle(args, 10_000, secs(300)).await?
+        }),
+        Scenario::All => unreachable!("expanded by main"),
+    }
+    Ok(out)
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let quick = args.quick;
     let scenarios: Vec<Scenario> = match args.scenario {
-        Scenario::All => {
-            vec![Scenario::Write, Scenario::Watch, Scenario::Converge, Scenario::Scale]
-        }
+        Scenario::All => vec![
+            Scenario::Write,
+            Scenario::Watch,
+            Scenario::Converge,
+            Scenario::Scale,
+            Scenario::Idle,
+        ],
         one => vec![one],
     };
+    let mut results = Vec::new();
     for scenario in scenarios {
-        let results = match scenario {
-            Scenario::Write => {
-                let (clients, seconds): (&[usize], u64) =
-                    if quick { (&[1, 16], 2) } else { (&[1, 16, 64, 256], 10) };
-                let mut out = Vec::new();
-                for c in clients {
-                    out.push(write(&args, *c, Duration::from_secs(seconds)).await?);
-                }
-                out
-            }
-            Scenario::Watch => {
-                let (watchers, seconds): (&[usize], u64) =
-                    if quick { (&[1, 100], 2) } else { (&[1, 100, 1000], 10) };
-                let mut out = Vec::new();
-                for w in watchers {
-                    out.push(watch(&args, *w, Duration::from_secs(seconds)).await?);
-                }
-                out
-            }
-            Scenario::Converge => vec![converge(&args, if quick { 100 } else { 1000 }).await?],
-            Scenario::Scale => vec![scale(&args, if quick { 2_000 } else { 100_000 }).await?],
-            Scenario::All => unreachable!("expanded above"),
-        };
-        for r in results {
+        for r in run(&args, scenario).await? {
             println!("{r}");
+            results.push(r);
         }
+    }
+    if let Some(path) = &args.append {
+        report::append(path, &results)?;
+        eprintln!("appended the results to {}", path.display());
     }
     Ok(())
 }

@@ -417,21 +417,16 @@ fn list(
         }
         None => None,
     };
-    let matching = state.matching(rt, namespace, &labels, &fields);
     let mut items = Vec::new();
     let mut next = None;
-    for (key, value) in matching {
-        let position = format!("{}/{}", key.1, key.2);
-        if after.as_ref().is_some_and(|a| position <= *a) {
-            continue;
-        }
+    for (key, stored) in state.matching(rt, namespace, &labels, &fields, after.as_deref()) {
         if items.len() == limit {
             use base64::Engine as _;
             let last = items.last().map(|(p, _): &(String, Value)| p.clone()).unwrap_or_default();
             next = Some(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(last));
             break;
         }
-        items.push((position, value));
+        items.push((format!("{}/{}", key.1, key.2), State::render(stored)));
     }
     let mut metadata = json!({"resourceVersion": state.resource_version().to_string()});
     if let Some(token) = next {
@@ -490,8 +485,8 @@ fn watch_response(
         );
         backlog.push_back(json!({"type": "ERROR", "object": e.to_status()}));
     } else if requested.is_empty() || requested == "0" {
-        for (_, object) in state.matching(rt, namespace, &labels, &fields) {
-            backlog.push_back(json!({"type": "ADDED", "object": object}));
+        for (_, stored) in state.matching(rt, namespace, &labels, &fields, None) {
+            backlog.push_back(json!({"type": "ADDED", "object": State::render(stored)}));
         }
     } else {
         let rv: u64 = requested

@@ -297,22 +297,34 @@ impl State {
     }
 
     /// Objects of a type (one namespace or all), filtered, in key order.
-    pub fn matching(
-        &self,
+    /// Objects of `rt` (in `namespace`, if given) matching the selectors,
+    /// in key order, starting after `after` (`namespace/name`). Only the
+    /// resource's key range is scanned, and nothing is rendered here: a
+    /// page of a large list costs the page.
+    pub fn matching<'a>(
+        &'a self,
         rt: &ResourceType,
-        namespace: Option<&str>,
-        labels: &LabelSelector,
-        fields: &FieldSelector,
-    ) -> Vec<(ObjectKey, Value)> {
+        namespace: Option<&'a str>,
+        labels: &'a LabelSelector,
+        fields: &'a FieldSelector,
+        after: Option<&'a str>,
+    ) -> impl Iterator<Item = (&'a ObjectKey, &'a Stored)> + 'a {
         let resource = resource_key(rt);
+        let (from_ns, from_name) = match after.and_then(|a| a.split_once('/')) {
+            Some((ns, name)) => (ns.to_string(), name.to_string()),
+            None => (namespace.unwrap_or("").to_string(), String::new()),
+        };
+        let start = (resource.clone(), from_ns, from_name);
         self.objects
-            .iter()
-            .filter(|(k, _)| k.0 == resource && namespace.is_none_or(|ns| k.1 == ns))
+            .range(start..)
+            .take_while(move |(k, _)| k.0 == resource)
+            .filter(move |(k, _)| {
+                after.is_none_or(|a| format!("{}/{}", k.1, k.2).as_str() > a)
+                    && namespace.is_none_or(|ns| k.1 == ns)
+            })
             .filter(|(_, o)| {
                 labels.matches(&o.value["metadata"]["labels"]) && fields.matches(&o.value)
             })
-            .map(|(k, o)| (k.clone(), Self::render(o)))
-            .collect()
     }
 
     fn check_namespace(&self, rt: &ResourceType, namespace: &str) -> Result<(), ApiError> {
