@@ -436,6 +436,24 @@ async fn out_of_band_changes_to_owned_objects_are_repaired() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     rig.wait_running("drift").await;
+
+    // An owned object of a kind the gateway no longer renders (a prune
+    // that was skipped or failed) is removed: this gateway has no route.
+    use gantry_reconciler::render::{LABEL_GATEWAY, LABEL_MANAGED_BY, MANAGED_BY};
+    let ingresses: Api<Ingress> = Api::namespaced(rig.kube_client.clone(), "default");
+    let leftover: Ingress = serde_json::from_value(serde_json::json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
+        "metadata": {"name": "drift", "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_GATEWAY: "drift"}},
+        "spec": {"rules": [{"host": "old.example.com"}]},
+    }))
+    .unwrap();
+    ingresses.create(&Default::default(), &leftover).await.unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while ingresses.get_opt("drift").await.unwrap().is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "the leftover Ingress was never pruned");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    rig.wait_running("drift").await;
     rig.stop().await;
 }
 

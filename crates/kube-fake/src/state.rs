@@ -537,12 +537,18 @@ impl State {
         let deleting = new.value["metadata"].get("deletionTimestamp").is_some();
         let no_finalizers =
             new.value["metadata"]["finalizers"].as_array().is_none_or(Vec::is_empty);
+        // Only a deletion or a change of owners can make garbage: a full
+        // scan after every status write would make large clusters quadratic.
+        let owners_changed =
+            new.value["metadata"]["ownerReferences"] != old.value["metadata"]["ownerReferences"];
         let rendered = if deleting && no_finalizers {
             self.commit(key, "DELETED", new, prev_labels)
         } else {
             self.commit(key, "MODIFIED", new, prev_labels)
         };
-        self.collect_garbage();
+        if deleting || owners_changed {
+            self.collect_garbage();
+        }
         rendered
     }
 

@@ -41,13 +41,60 @@ pub struct KubeTarget {
     present: Arc<Mutex<Present>>,
 }
 
-/// What the owned-object watches know.
+/// What the owned-object watches know (an informer cache of names only).
 #[derive(Debug, Default)]
 struct Present {
     /// Kinds whose watch has finished its initial list.
     synced: HashSet<String>,
-    /// `(kind, name)` of existing owned objects.
-    objects: HashSet<(String, String)>,
+    /// `(kind, name)` of existing owned objects → their gateway label.
+    objects: HashMap<(String, String), Option<String>>,
+    /// `(kind, gateway)` → how many objects of that kind the gateway owns.
+    owners: HashMap<(String, String), usize>,
+}
+
+impl Present {
+    fn insert(&mut self, kind: &str, name: String, gateway: Option<String>) {
+        if let Some(old) = self.objects.insert((kind.to_string(), name), gateway.clone()) {
+            self.release(kind, old);
+        }
+        if let Some(gateway) = gateway {
+            *self.owners.entry((kind.to_string(), gateway)).or_default() += 1;
+        }
+    }
+
+    fn remove(&mut self, kind: &str, name: String) {
+        if let Some(old) = self.objects.remove(&(kind.to_string(), name)) {
+            self.release(kind, old);
+        }
+    }
+
+    fn release(&mut self, kind: &str, gateway: Option<String>) {
+        let Some(gateway) = gateway else { return };
+        let key = (kind.to_string(), gateway);
+        if let Some(count) = self.owners.get_mut(&key) {
+            *count -= 1;
+            if *count == 0 {
+                self.owners.remove(&key);
+            }
+        }
+    }
+
+    /// Forgets a kind while its watch lists again.
+    fn relisting(&mut self, kind: &str) {
+        self.synced.remove(kind);
+        self.objects.retain(|(k, _), _| k != kind);
+        self.owners.retain(|(k, _), _| k != kind);
+    }
+
+    /// Whether `gateway` may own objects of `kind`: always, until that
+    /// kind's watch has listed; afterwards, whether the watch saw one.
+    fn may_own(&self, kind: &str, gateway: &str) -> bool {
+        !self.synced.contains(kind) || self.owners.contains_key(&(kind.to_string(), gateway.into()))
+    }
+
+    fn exists(&self, kind: &str, name: &str) -> bool {
+        self.objects.contains_key(&(kind.to_string(), name.to_string()))
+    }
 }
 
 impl std::fmt::Debug for KubeTarget {
@@ -135,6 +182,13 @@ impl KubeTarget {
             .copied()
     }
 
+    fn may_own(&self, kind: &str, gateway: &str) -> bool {
+        self.present
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .may_own(kind, gateway)
+    }
+
     /// Names of owned objects of one kind.
     async fn owned(
         &self,
@@ -198,32 +252,32 @@ fn track(
     event: Result<watcher::Event<DynamicObject>, watcher::Error>,
 ) -> Option<String> {
     let mut present = present.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let object = match event {
+    let gateway_of =
+        |o: &DynamicObject| o.metadata.labels.as_ref().and_then(|l| l.get(LABEL_GATEWAY).cloned());
+    match event {
         Ok(watcher::Event::Init) => {
-            present.synced.remove(kind);
-            present.objects.retain(|(k, _)| k != kind);
-            return None;
+            present.relisting(kind);
+            None
         }
         Ok(watcher::Event::InitDone) => {
             present.synced.insert(kind.to_string());
-            return None;
+            None
         }
         Ok(watcher::Event::InitApply(o) | watcher::Event::Apply(o)) => {
-            present.objects.insert((kind.to_string(), o.metadata.name.clone().unwrap_or_default()));
-            o
+            let gateway = gateway_of(&o);
+            present.insert(kind, o.metadata.name.unwrap_or_default(), gateway.clone());
+            gateway
         }
         Ok(watcher::Event::Delete(o)) => {
-            present
-                .objects
-                .remove(&(kind.to_string(), o.metadata.name.clone().unwrap_or_default()));
-            o
+            let gateway = gateway_of(&o);
+            present.remove(kind, o.metadata.name.unwrap_or_default());
+            gateway
         }
         Err(e) => {
             tracing::warn!(kind, error = %e, "watch of owned objects interrupted; it resumes by itself");
-            return None;
+            None
         }
-    };
-    object.metadata.labels.and_then(|l| l.get(LABEL_GATEWAY).cloned())
+    }
 }
 
 #[tonic::async_trait]
@@ -248,9 +302,12 @@ impl Target for KubeTarget {
             }
             rendered_kinds.push(kind.to_string());
         }
-        // Prune: owned objects of kinds no longer rendered, newest kinds first.
+        // Prune: owned objects of kinds no longer rendered, newest kinds
+        // first. The list is skipped when the kind's watch has listed and
+        // saw none of this gateway's (a production cluster would otherwise
+        // serve one label-selected list per kind per apply).
         for (api_version, kind) in OWNED_KINDS.iter().rev() {
-            if rendered_kinds.iter().any(|k| k == kind) {
+            if rendered_kinds.iter().any(|k| k == kind) || !self.may_own(kind, gateway) {
                 continue;
             }
             let api = self.api(api_version, kind);
@@ -291,16 +348,21 @@ impl Target for KubeTarget {
         } else {
             String::new()
         };
-        let missing = {
+        // Out of band: a rendered object deleted, or an object of a kind no
+        // longer rendered left behind (its prune was skipped or failed).
+        let (missing, leftover) = {
             let present = self.present.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            present.synced.len() == OWNED_KINDS.len()
+            let kind_of = |m: &Value| m["kind"].as_str().unwrap_or("").to_string();
+            let missing = present.synced.len() == OWNED_KINDS.len()
                 && rendered.manifests.iter().any(|m| {
-                    let key = (
-                        m["kind"].as_str().unwrap_or("").to_string(),
-                        m["metadata"]["name"].as_str().unwrap_or("").to_string(),
-                    );
-                    !present.objects.contains(&key)
-                })
+                    !present.exists(&kind_of(m), m["metadata"]["name"].as_str().unwrap_or(""))
+                });
+            let leftover = OWNED_KINDS.iter().any(|(_, kind)| {
+                present.synced.contains(*kind)
+                    && present.owners.contains_key(&(kind.to_string(), gateway.to_string()))
+                    && !rendered.manifests.iter().any(|m| m["kind"] == *kind)
+            });
+            (missing, leftover)
         };
         let Some(deployment) = deployment else {
             return Ok(Observation {
@@ -330,7 +392,7 @@ impl Target for KubeTarget {
         Ok(Observation {
             workload: rollout(&deployment),
             route_address,
-            drifted: drifted || missing,
+            drifted: drifted || missing || leftover,
         })
     }
 
