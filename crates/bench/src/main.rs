@@ -316,7 +316,7 @@ mod tempfile_path {
 
 impl Pair {
     async fn start(args: &Args) -> anyhow::Result<Pair> {
-        let store = Store::start(args, 65_536).await?;
+        let store = Store::start(args, 4096).await?;
         let kube = gantry_kube_fake::KubeFake::start_with(gantry_kube_fake::Options {
             rollout_delay: Duration::ZERO,
             ..Default::default()
@@ -644,7 +644,7 @@ async fn run(args: &Args, scenario: Scenario) -> anyhow::Result<Vec<Value>> {
             });
         }
         Scenario::Scale => out.push(if quick {
-            scale(args, 2_000, secs(5)).await?
+            scale(args, 1_000, secs(5)).await?
         } else {
             scale(args, 100_000, secs(120)).await?
         }),
