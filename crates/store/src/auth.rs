@@ -1,11 +1,14 @@
 //! Bearer-token authentication from a static tokens file.
 //!
 //! The file has the shape of Kubernetes' static token file: one
-//! `token,subject,role` line per token; blank lines and lines starting with
-//! `#` are ignored. Tokens are never logged; only subjects are.
+//! `token,subject,role[,expires]` line per token, `expires` an RFC 3339
+//! time after which the token is refused; blank lines and lines starting
+//! with `#` are ignored. Tokens are never logged; only subjects are. A
+//! presented token is compared with every known token in constant time, so
+//! response timing does not reveal how much of a guess was right.
 
-use std::collections::HashMap;
 use std::fmt;
+use std::time::SystemTime;
 
 use gantry_core::Role;
 use tonic::metadata::MetadataMap;
@@ -26,11 +29,24 @@ pub struct TokensFileError {
     pub reason: String,
 }
 
+/// One line of the tokens file.
+#[derive(Clone)]
+pub struct TokenEntry {
+    token: Vec<u8>,
+    principal: Principal,
+    expires: Option<SystemTime>,
+}
+
+/// Equality of two byte strings in time that depends only on their lengths.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// How requests are authenticated.
 #[derive(Clone)]
 pub enum Authenticator {
-    /// Every request needs a known bearer token.
-    Tokens(HashMap<String, Principal>),
+    /// Every request needs a known, unexpired bearer token.
+    Tokens(Vec<TokenEntry>),
     /// Every request is admin; only with `--allow-unauthenticated`.
     Unauthenticated,
 }
@@ -47,7 +63,7 @@ impl fmt::Debug for Authenticator {
 impl Authenticator {
     /// Parses the contents of a tokens file.
     pub fn parse_tokens_file(text: &str) -> Result<Self, TokensFileError> {
-        let mut tokens = HashMap::new();
+        let mut tokens: Vec<TokenEntry> = Vec::new();
         for (i, raw) in text.lines().enumerate() {
             let line = i + 1;
             let err = |reason: &str| TokensFileError { line, reason: reason.to_string() };
@@ -56,9 +72,21 @@ impl Authenticator {
                 continue;
             }
             let fields: Vec<&str> = trimmed.split(',').map(str::trim).collect();
-            let [token, subject, role] = fields[..] else {
-                return Err(err("expected token,subject,role"));
+            let (token, subject, role, expires) = match fields[..] {
+                [token, subject, role] => (token, subject, role, None),
+                [token, subject, role, expires] => (token, subject, role, Some(expires)),
+                _ => return Err(err("expected token,subject,role[,expires]")),
             };
+            let expires = expires
+                .map(|e| {
+                    e.parse::<prost_types::Timestamp>()
+                        .ok()
+                        .and_then(|t| SystemTime::try_from(t).ok())
+                        .ok_or_else(|| {
+                            err("expires must be an RFC 3339 time such as 2027-01-31T00:00:00Z")
+                        })
+                })
+                .transpose()?;
             if token.len() < 16 {
                 return Err(err("token must be at least 16 characters"));
             }
@@ -67,9 +95,10 @@ impl Authenticator {
             }
             let role: Role = role.parse().map_err(|e: String| err(&e))?;
             let principal = Principal { subject: subject.to_string(), role };
-            if tokens.insert(token.to_string(), principal).is_some() {
+            if tokens.iter().any(|t| t.token == token.as_bytes()) {
                 return Err(err("duplicate token"));
             }
+            tokens.push(TokenEntry { token: token.as_bytes().to_vec(), principal, expires });
         }
         if tokens.is_empty() {
             return Err(TokensFileError { line: 0, reason: "no tokens".into() });
@@ -97,9 +126,24 @@ impl Authenticator {
             .ok_or_else(|| {
                 Status::unauthenticated("authorization metadata must be `Bearer <token>`")
             })?;
-        tokens.get(token).cloned().ok_or_else(|| {
+        // Every entry is compared, whatever matched first.
+        let found = tokens.iter().fold(None, |found, entry| {
+            if constant_time_eq(&entry.token, token.as_bytes()) {
+                Some(entry)
+            } else {
+                found
+            }
+        });
+        let entry = found.ok_or_else(|| {
             Status::unauthenticated("unknown bearer token; check the token your client sends")
-        })
+        })?;
+        if entry.expires.is_some_and(|e| e <= SystemTime::now()) {
+            return Err(Status::unauthenticated(format!(
+                "the bearer token of {} has expired; ask the store's operator for a new one",
+                entry.principal.subject
+            )));
+        }
+        Ok(entry.principal.clone())
     }
 }
 
@@ -144,6 +188,29 @@ mod tests {
         for (text, line) in cases {
             assert_eq!(Authenticator::parse_tokens_file(text).unwrap_err().line, line, "{text}");
         }
+    }
+
+    #[test]
+    fn expired_tokens_are_refused_and_unexpired_ones_accepted() {
+        let file = "old-token-0123456789ab,bob,editor,2020-01-01T00:00:00Z\n\
+                    new-token-0123456789ab,carol,editor,2999-01-01T00:00:00Z\n";
+        let auth = Authenticator::parse_tokens_file(file).unwrap();
+        let expired = auth.authenticate(&metadata("Bearer old-token-0123456789ab")).unwrap_err();
+        assert_eq!(expired.code(), tonic::Code::Unauthenticated);
+        assert!(expired.message().contains("expired"), "{}", expired.message());
+        assert!(!expired.message().contains("old-token"), "the message must not echo the token");
+        let p = auth.authenticate(&metadata("Bearer new-token-0123456789ab")).unwrap();
+        assert_eq!(p.subject, "carol");
+        let bad = Authenticator::parse_tokens_file("a-long-enough-token-1,a,viewer,tomorrow");
+        assert_eq!(bad.unwrap_err().line, 1);
+    }
+
+    #[test]
+    fn constant_time_eq_compares_whole_strings() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"abcd"));
+        assert!(!constant_time_eq(b"", b"a"));
     }
 
     #[test]
