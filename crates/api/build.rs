@@ -15,6 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .btree_map(".")
         .compile_well_known_types(false)
+        .codec_path("crate::codec::StrictCodec")
         .compile_fds(fds)?;
     Ok(())
 }

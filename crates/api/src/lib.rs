@@ -7,6 +7,8 @@
 #![forbid(unsafe_code)]
 #![allow(missing_docs, missing_debug_implementations, clippy::all)]
 
+pub mod codec;
+
 /// Version 1 of the gantry API.
 pub mod v1 {
     tonic::include_proto!("gantry.v1");

@@ -12,17 +12,45 @@ use crate::storage::StorageError;
 /// Domain of the `google.rpc.ErrorInfo` details gantry sends.
 pub const ERROR_DOMAIN: &str = "gantry.dev";
 
+/// Longest message, field and description sent back, and most field
+/// violations listed: errors echo parts of the request, and an answer must
+/// stay within what every client accepts in response headers (a
+/// 10,000-character name once made the error itself fail to arrive).
+const MAX_MESSAGE_CHARS: usize = 512;
+const MAX_FIELD_CHARS: usize = 128;
+const MAX_DESCRIPTION_CHARS: usize = 256;
+const MAX_VIOLATIONS: usize = 10;
+
+/// `text` cut to `max` characters, marked with `…` when cut.
+fn bounded(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_string(),
+    }
+}
+
 /// The status for a rule violation.
 pub fn rule_status(err: &RuleError) -> Status {
-    let message = err.to_string();
+    let message = bounded(&err.to_string(), MAX_MESSAGE_CHARS);
     match err {
         RuleError::Invalid(violations) => {
-            let details = ErrorDetails::with_bad_request(
-                violations
-                    .iter()
-                    .map(|v| FieldViolation::new(v.field.clone(), v.description.clone()))
-                    .collect::<Vec<_>>(),
-            );
+            let mut listed: Vec<FieldViolation> = violations
+                .iter()
+                .take(MAX_VIOLATIONS)
+                .map(|v| {
+                    FieldViolation::new(
+                        bounded(&v.field, MAX_FIELD_CHARS),
+                        bounded(&v.description, MAX_DESCRIPTION_CHARS),
+                    )
+                })
+                .collect();
+            if violations.len() > MAX_VIOLATIONS {
+                listed.push(FieldViolation::new(
+                    "gateway",
+                    format!("{} more violations not listed", violations.len() - MAX_VIOLATIONS),
+                ));
+            }
+            let details = ErrorDetails::with_bad_request(listed);
             Status::with_error_details(Code::InvalidArgument, message, details)
         }
         RuleError::PermissionDenied { field, .. } => {
@@ -33,8 +61,8 @@ pub fn rule_status(err: &RuleError) -> Status {
             message,
             ErrorDetails::with_precondition_failure_violation(
                 "STATE",
-                field.clone(),
-                reason.clone(),
+                bounded(field, MAX_FIELD_CHARS),
+                bounded(reason, MAX_DESCRIPTION_CHARS),
             ),
         ),
         RuleError::Conflict { .. } => error_info(
@@ -49,7 +77,7 @@ pub fn rule_status(err: &RuleError) -> Status {
 }
 
 fn error_info(code: Code, message: String, reason: &str, field: &str) -> Status {
-    let metadata = HashMap::from([("field".to_string(), field.to_string())]);
+    let metadata = HashMap::from([("field".to_string(), bounded(field, MAX_FIELD_CHARS))]);
     Status::with_error_details(
         code,
         message,
@@ -83,4 +111,36 @@ pub fn storage_status(err: StorageError) -> Status {
 /// INVALID_ARGUMENT for one field.
 pub fn invalid(field: &str, description: impl Into<String>) -> Status {
     rule_status(&RuleError::invalid(field, description))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gantry_core::error::Violations;
+
+    #[test]
+    fn bounded_cuts_at_a_character_boundary() {
+        assert_eq!(bounded("abc", 3), "abc");
+        assert_eq!(bounded("abcd", 3), "abc…");
+        assert_eq!(bounded("ééé", 2), "éé…");
+    }
+
+    #[test]
+    fn an_invalid_argument_stays_small_however_large_the_request() {
+        let mut v = Violations::default();
+        for i in 0..1000 {
+            v.push(
+                format!("gateway.metadata.labels[{:?}]", "k".repeat(5000)),
+                format!("{i}: {}", "x".repeat(5000)),
+            );
+        }
+        let status = rule_status(&v.into_result().unwrap_err());
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(status.message().chars().count() <= MAX_MESSAGE_CHARS + 1);
+        let listed = status.get_error_details().bad_request().unwrap().field_violations.clone();
+        assert_eq!(listed.len(), MAX_VIOLATIONS + 1);
+        assert!(listed.iter().all(|f| f.field.chars().count() <= MAX_FIELD_CHARS + 1));
+        assert_eq!(listed[MAX_VIOLATIONS].description, "990 more violations not listed");
+        assert!(status.details().len() < 8 * 1024, "{} bytes of details", status.details().len());
+    }
 }
