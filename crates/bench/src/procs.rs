@@ -130,6 +130,9 @@ impl Store {
                 &format!("127.0.0.1:{http}"),
             ])
             .args(["--watch-buffer", &watch_buffer.to_string(), "--log-level", "warn"])
+            // Capacity is measured here, not the per-connection limits (the
+            // shared-connection watch runs open 10,000 streams on one).
+            .args(["--max-streams-per-connection", "20000", "--max-calls-per-connection", "4096"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -47,6 +47,9 @@ pub struct Config {
     pub watch: WatchArgs,
 
     #[command(flatten)]
+    pub limits: LimitArgs,
+
+    #[command(flatten)]
     pub log: LogArgs,
 }
 
@@ -91,6 +94,24 @@ pub struct AuthArgs {
     /// development; refused together with --tokens-file.
     #[arg(long, env = "GANTRY_ALLOW_UNAUTHENTICATED", conflicts_with = "tokens_file")]
     pub allow_unauthenticated: bool,
+}
+
+/// Resource limits: how much of the store one client can take.
+#[derive(Args, Clone, Debug)]
+pub struct LimitArgs {
+    /// Calls handled at once per connection; beyond it calls are refused
+    /// at once with RESOURCE_EXHAUSTED (load shedding) rather than queued.
+    /// A watch counts only until its stream starts.
+    #[arg(long, env = "GANTRY_MAX_CALLS_PER_CONNECTION", default_value_t = 256)]
+    pub max_calls_per_connection: usize,
+
+    /// HTTP/2 streams (calls and open watches) per connection.
+    #[arg(long, env = "GANTRY_MAX_STREAMS_PER_CONNECTION", default_value_t = 1024)]
+    pub max_streams_per_connection: u32,
+
+    /// Longest a call may take to answer (a watch: to start streaming).
+    #[arg(long, env = "GANTRY_REQUEST_TIMEOUT", default_value = "30s", value_parser = gantry_core::duration::parse_duration)]
+    pub request_timeout: Duration,
 }
 
 /// TLS flags.

@@ -82,6 +82,28 @@ pub struct Settings {
     /// PEM certificate chain and key.
     pub tls: Option<(Vec<u8>, Vec<u8>)>,
     pub watch: WatchSettings,
+    pub limits: Limits,
+}
+
+/// What one client can take of the server.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Calls in flight per connection; more are refused RESOURCE_EXHAUSTED.
+    pub calls_per_connection: usize,
+    /// HTTP/2 streams per connection.
+    pub streams_per_connection: u32,
+    /// Longest a call may take to answer.
+    pub request_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            calls_per_connection: 256,
+            streams_per_connection: 1024,
+            request_timeout: Duration::from_secs(30),
+        }
+    }
 }
 
 /// Watch cache, event history and bookmark settings.
@@ -172,7 +194,12 @@ pub async fn settings_from_config(config: &Config) -> Result<Settings, ServeErro
         compaction_interval: config.watch.compaction_interval,
         poll_interval: WatchSettings::default().poll_interval,
     };
-    Ok(Settings { storage, auth: Arc::new(auth), tls, watch })
+    let limits = Limits {
+        calls_per_connection: config.limits.max_calls_per_connection.max(1),
+        streams_per_connection: config.limits.max_streams_per_connection.max(1),
+        request_timeout: config.limits.request_timeout,
+    };
+    Ok(Settings { storage, auth: Arc::new(auth), tls, watch, limits })
 }
 
 /// Binds the configured addresses and serves until `shutdown` completes.
@@ -248,7 +275,12 @@ pub async fn serve(
         let _ = rx.wait_for(|stop| *stop).await;
     };
 
+    let limits = &settings.limits;
     let mut builder = Server::builder()
+        .concurrency_limit_per_connection(limits.calls_per_connection)
+        .load_shed(true)
+        .max_concurrent_streams(limits.streams_per_connection)
+        .timeout(limits.request_timeout)
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)));

@@ -27,6 +27,7 @@ async fn tls_serves_clients_that_trust_the_ca_only() {
         auth: Arc::new(Authenticator::parse_tokens_file(common::TOKENS_FILE).unwrap()),
         tls: Some((cert_pem.clone().into_bytes(), key_pem.into_bytes())),
         watch: gantry_store::WatchSettings::default(),
+        limits: gantry_store::Limits::default(),
     };
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

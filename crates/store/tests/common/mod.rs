@@ -164,8 +164,13 @@ impl TestStore {
     ) -> TestStore {
         let storage = gantry_store::open_storage(&database.url).await.unwrap();
         let auth = Authenticator::parse_tokens_file(TOKENS_FILE).unwrap();
-        let settings =
-            Settings { storage: storage.clone(), auth: Arc::new(auth), tls: None, watch };
+        let settings = Settings {
+            storage: storage.clone(),
+            auth: Arc::new(auth),
+            tls: None,
+            watch,
+            limits: Default::default(),
+        };
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (grpc_addr, http_addr) = (grpc.local_addr().unwrap(), http.local_addr().unwrap());

@@ -1,0 +1,83 @@
+//! A flood of calls cannot take gateway-store down: with a per-connection
+//! limit, a flooding client's excess calls are refused RESOURCE_EXHAUSTED
+//! at once (load shedding) while a well-behaved client on its own
+//! connection keeps getting answers.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gantry_api::v1::{
+    CreateGatewayRequest, Gateway, GatewaySpec, GetGatewayRequest, ListGatewaysRequest, ObjectMeta,
+};
+use gantry_client::ClientConfig;
+use gantry_e2e::{http_get, temp_dir, StoreProcess};
+use tonic::Code;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_is_shed_and_a_well_behaved_client_still_gets_answers() {
+    let dir = temp_dir("limits");
+    let url = format!("sqlite://{}", dir.join("gantry.db").display());
+    let store = StoreProcess::start_with(&url, &dir, &["--max-calls-per-connection", "4"]);
+    let config = ClientConfig { endpoint: store.endpoint(), ..Default::default() };
+    let mut setup = gantry_client::connect(&config).await.unwrap();
+    for i in 0..200 {
+        let g = Gateway {
+            metadata: Some(ObjectMeta { name: format!("g{i:03}"), ..Default::default() }),
+            spec: Some(GatewaySpec { image: "ghcr.io/acme/gw:1".into(), ..Default::default() }),
+            status: None,
+        };
+        setup.create_gateway(CreateGatewayRequest { gateway: Some(g) }).await.unwrap();
+    }
+
+    // The flood: 4 connections, 64 callers each, full-page lists back to back.
+    let (stop, shed, served) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let mut flood = Vec::new();
+    for _ in 0..4 {
+        let connection = gantry_client::connect(&config).await.unwrap();
+        for _ in 0..64 {
+            let (mut client, stop, shed, served) =
+                (connection.clone(), stop.clone(), shed.clone(), served.clone());
+            flood.push(tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let request = ListGatewaysRequest { page_size: 200, ..Default::default() };
+                    match client.list_gateways(request).await {
+                        Ok(_) => served.fetch_add(1, Ordering::Relaxed),
+                        Err(s) if s.code() == Code::ResourceExhausted => {
+                            shed.fetch_add(1, Ordering::Relaxed)
+                        }
+                        Err(s) => panic!("flood call failed with {:?}: {}", s.code(), s.message()),
+                    };
+                }
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // The well-behaved client: one call at a time on its own connection.
+    let mut polite = gantry_client::connect(&config).await.unwrap();
+    for i in 0..50 {
+        let request = GetGatewayRequest { name: format!("g{:03}", i * 3) };
+        let answer = tokio::time::timeout(Duration::from_secs(10), polite.get_gateway(request))
+            .await
+            .expect("the well-behaved client waited over 10 s for an answer");
+        answer.unwrap_or_else(|s| panic!("the well-behaved client was refused: {s:?}"));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for f in flood {
+        f.await.unwrap();
+    }
+    let (shed, served) = (shed.load(Ordering::Relaxed), served.load(Ordering::Relaxed));
+    assert!(shed > 0, "no flood call was shed ({served} served)");
+    assert!(served > 0, "the flood got no answers at all ({shed} shed)");
+    let ready = http_get(store.http, "/readyz").unwrap_or_default();
+    assert!(ready.starts_with("HTTP/1.1 200"), "the store is not ready after the flood: {ready}");
+    eprintln!("flood: {served} calls served, {shed} shed; 50/50 well-behaved calls answered");
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+}
