@@ -120,6 +120,8 @@ pub struct StoreProcess {
     pub grpc: u16,
     pub http: u16,
     child: Option<Child>,
+    /// The process's stderr (its logs), appended across restarts.
+    log: PathBuf,
 }
 
 impl StoreProcess {
@@ -150,7 +152,8 @@ impl StoreProcess {
         if !extra.contains(&"--tokens-file") {
             args.push("--allow-unauthenticated".into());
         }
-        let mut store = StoreProcess { args, grpc, http, child: None };
+        let log = data_dir.join("gateway-store.log");
+        let mut store = StoreProcess { args, grpc, http, child: None, log };
         store.spawn();
         store
     }
@@ -162,15 +165,25 @@ impl StoreProcess {
 
     /// Starts the process (again) and waits for `/readyz`.
     pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("open the store's log file");
         let child = Command::new(binary("gateway-store"))
             .args(&self.args)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("start gateway-store");
         self.child = Some(child);
         let ready = wait_for_http(self.http, "/readyz", Duration::from_secs(60));
         assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    }
+
+    /// Everything the process logged so far (all restarts).
+    pub fn logs(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// SIGKILL, and wait for the process to be gone.
@@ -309,6 +322,18 @@ impl TempPostgres {
         Some(TempPostgres { url: format!("{base}/{name}"), admin_url, name })
     }
 
+    /// Runs `sql` on the server's admin connection; `{db}` in it stands
+    /// for this database's name (to refuse or drop its connections).
+    pub async fn admin(&self, sql: &str) {
+        use sqlx::Connection;
+        let mut admin =
+            sqlx::PgConnection::connect(&self.admin_url).await.expect("admin connection");
+        sqlx::query(&sql.replace("{db}", &self.name))
+            .execute(&mut admin)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
     /// Drops the database (stop the processes using it first).
     pub async fn drop_database(self) {
         use sqlx::Connection;
@@ -319,3 +344,4 @@ impl TempPostgres {
         }
     }
 }
+pub mod linearizability;

@@ -37,6 +37,15 @@ pub struct TokenEntry {
     expires: Option<SystemTime>,
 }
 
+impl fmt::Debug for TokenEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TokenEntry")
+            .field("principal", &self.principal)
+            .field("expires", &self.expires)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Equality of two byte strings in time that depends only on their lengths.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0

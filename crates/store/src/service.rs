@@ -66,8 +66,15 @@ impl GatewayApi {
         let code = result.as_ref().map_or_else(Status::code, |_| tonic::Code::Ok);
         self.metrics.observe(method, started, code);
         if let Err(status) = &result {
-            if matches!(status.code(), tonic::Code::Internal | tonic::Code::Unavailable) {
-                tracing::warn!(method, code = ?status.code(), message = status.message(), "request failed");
+            match status.code() {
+                tonic::Code::Internal | tonic::Code::Unavailable => {
+                    tracing::warn!(method, code = ?status.code(), message = status.message(), "request failed");
+                }
+                // An audit trail of refusals; messages never hold a token.
+                tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
+                    tracing::info!(method, code = ?status.code(), message = status.message(), "request refused");
+                }
+                _ => {}
             }
         }
         result.map(Response::new)
