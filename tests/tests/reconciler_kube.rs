@@ -493,3 +493,36 @@ async fn a_retry_request_resets_a_failed_gateway_without_a_spec_change() {
     assert_eq!(generation, 1);
     rig.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checking_a_converged_gateway_sends_no_request_to_the_cluster() {
+    // A resync or a metadata-only change re-checks a gateway: with nothing
+    // drifted, that is read from the reconciler's watches, not the API
+    // server (a periodic resync of 100,000 gateways would otherwise be
+    // 100,000 GETs).
+    let rig = Rig::start().await;
+    let g = rig.create("quiet", spec("ghcr.io/acme/gw:1")).await;
+    rig.wait_running("quiet").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    rig.kube.clear_requests();
+    let passes = rig.reconciles();
+    let mut labelled = rig.get("quiet").await.unwrap();
+    labelled.metadata.as_mut().unwrap().labels.insert("team".into(), "edge".into());
+    rig.update(labelled, &["metadata.labels"]).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while rig.reconciles() <= passes {
+        assert!(tokio::time::Instant::now() < deadline, "the label change was never checked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let requests: Vec<String> = rig
+        .kube
+        .requests()
+        .iter()
+        .filter(|r| r.verb != "watch")
+        .map(|r| format!("{} {} {}", r.verb, r.resource, r.name))
+        .collect();
+    assert!(requests.is_empty(), "a converged gateway's check reached the cluster: {requests:?}");
+    assert_eq!(meta(&rig.get("quiet").await.unwrap()).generation, meta(&g).generation);
+    rig.stop().await;
+}

@@ -50,6 +50,35 @@ struct Present {
     objects: HashMap<(String, String), Option<String>>,
     /// `(kind, gateway)` → how many objects of that kind the gateway owns.
     owners: HashMap<(String, String), usize>,
+    /// What observing needs of each owned Deployment, by name: resyncs and
+    /// restarts then read no Deployment from the API server.
+    deployments: HashMap<String, DeploymentView>,
+}
+
+/// The part of a live Deployment the reconciler looks at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct DeploymentView {
+    generation: Option<i64>,
+    /// The rendered fingerprint carried by the pod template.
+    fingerprint: Option<String>,
+    workload: Workload,
+}
+
+impl DeploymentView {
+    fn of(deployment: &Deployment) -> DeploymentView {
+        let fingerprint = deployment
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.metadata.as_ref())
+            .and_then(|m| m.annotations.as_ref())
+            .and_then(|a| a.get(crate::render::ANNOTATION_FINGERPRINT))
+            .cloned();
+        DeploymentView {
+            generation: deployment.metadata.generation,
+            fingerprint,
+            workload: rollout(deployment),
+        }
+    }
 }
 
 impl Present {
@@ -82,6 +111,9 @@ impl Present {
     /// Forgets a kind while its watch lists again.
     fn relisting(&mut self, kind: &str) {
         self.synced.remove(kind);
+        if kind == "Deployment" {
+            self.deployments.clear();
+        }
         self.objects.retain(|(k, _), _| k != kind);
         self.owners.retain(|(k, _), _| k != kind);
     }
@@ -182,6 +214,23 @@ impl KubeTarget {
             .copied()
     }
 
+    /// The Deployment as the watch last saw it (`Some(None)`: absent), when
+    /// that is at least as new as our last apply; `None` when only the API
+    /// server can tell (not listed yet, or the watch lags our apply).
+    fn cached_deployment(&self, gateway: &str) -> Option<Option<DeploymentView>> {
+        let present = self.present.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !present.synced.contains("Deployment") {
+            return None;
+        }
+        let applied = self.remembered(gateway);
+        match (present.deployments.get(gateway), applied) {
+            (Some(view), Some(applied)) if view.generation.unwrap_or(0) < applied => None,
+            (Some(view), _) => Some(Some(view.clone())),
+            (None, None) => Some(None),
+            (None, Some(_)) => None,
+        }
+    }
+
     fn may_own(&self, kind: &str, gateway: &str) -> bool {
         self.present
             .lock()
@@ -265,12 +314,28 @@ fn track(
         }
         Ok(watcher::Event::InitApply(o) | watcher::Event::Apply(o)) => {
             let gateway = gateway_of(&o);
-            present.insert(kind, o.metadata.name.unwrap_or_default(), gateway.clone());
+            let name = o.metadata.name.clone().unwrap_or_default();
+            if kind == "Deployment" {
+                match o.try_parse::<Deployment>() {
+                    Ok(d) => {
+                        present.deployments.insert(name.clone(), DeploymentView::of(&d));
+                    }
+                    Err(e) => {
+                        tracing::warn!(name, error = %e, "cannot read a watched Deployment");
+                        present.deployments.remove(&name);
+                    }
+                }
+            }
+            present.insert(kind, name, gateway.clone());
             gateway
         }
         Ok(watcher::Event::Delete(o)) => {
             let gateway = gateway_of(&o);
-            present.remove(kind, o.metadata.name.unwrap_or_default());
+            let name = o.metadata.name.unwrap_or_default();
+            if kind == "Deployment" {
+                present.deployments.remove(&name);
+            }
+            present.remove(kind, name);
             gateway
         }
         Err(e) => {
@@ -325,8 +390,14 @@ impl Target for KubeTarget {
         gateway: &str,
         rendered: &Rendered,
     ) -> Result<Observation, TargetError> {
-        let api: Api<Deployment> = Api::namespaced(self.client.clone(), &self.namespace);
-        let deployment = bounded("get Deployment", api.get_opt(gateway)).await?;
+        let deployment = match self.cached_deployment(gateway) {
+            Some(view) => view,
+            None => {
+                let api: Api<Deployment> = Api::namespaced(self.client.clone(), &self.namespace);
+                let live = bounded("get Deployment", api.get_opt(gateway)).await?;
+                live.as_ref().map(DeploymentView::of)
+            }
+        };
         let has_route = rendered.manifests.iter().any(|m| m["kind"] == "Ingress");
         let route_address = if has_route {
             let ingress = self.api("networking.k8s.io/v1", "Ingress");
@@ -371,18 +442,12 @@ impl Target for KubeTarget {
                 drifted: true,
             });
         };
-        let live_generation = deployment.metadata.generation;
+        let live_generation = deployment.generation;
         let drifted = match self.remembered(gateway) {
             Some(applied) => live_generation != Some(applied),
             // After a restart nothing is remembered: compare what we render.
             None => {
-                let annotation = deployment
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.template.metadata.as_ref())
-                    .and_then(|m| m.annotations.as_ref())
-                    .and_then(|a| a.get(crate::render::ANNOTATION_FINGERPRINT));
-                let current = annotation.is_some_and(|fp| *fp == rendered.fingerprint);
+                let current = deployment.fingerprint.as_ref() == Some(&rendered.fingerprint);
                 if current {
                     self.remember(gateway, live_generation);
                 }
@@ -390,7 +455,7 @@ impl Target for KubeTarget {
             }
         };
         Ok(Observation {
-            workload: rollout(&deployment),
+            workload: deployment.workload,
             route_address,
             drifted: drifted || missing || leftover,
         })
