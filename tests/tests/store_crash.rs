@@ -19,8 +19,8 @@ use tokio_stream::StreamExt;
 use tonic::Code;
 
 const WRITERS: usize = 4;
-const KILLS: usize = 3;
-const TARGET_ACKS: usize = 400;
+const KILLS: usize = 10;
+const TARGET_ACKS: usize = 1200;
 
 fn gateway(name: &str) -> Gateway {
     Gateway {
@@ -101,6 +101,8 @@ async fn kill_and_restart_loses_nothing(database_url: &str, label: &str) {
         while acked.lock().unwrap().len() < at {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        // A random moment within the next batch or two of commits.
+        tokio::time::sleep(Duration::from_micros(rng.u64(0..15_000))).await;
         store.kill9();
         store.spawn();
     }
