@@ -380,6 +380,16 @@ async fn the_role_grants_exactly_what_the_reconciler_calls() {
     })
     .await
     .unwrap();
+    // The Deployment watch's first list is slow, so the first rollout is
+    // observed with direct reads until that cache has synced: the path that
+    // needs `get` on Deployments.
+    kube.inject(gantry_kube_fake::FaultRule {
+        verb: Some("list".into()),
+        resource: Some("apps/deployments".into()),
+        action: gantry_kube_fake::FaultAction::Latency(Duration::from_secs(2)),
+        rate: 1.0,
+        remaining: Some(1),
+    });
     let kube_client =
         kube::Client::try_from(kube::Config::new(kube.url().parse().unwrap())).unwrap();
     let client = gantry_client::ClientConfig { endpoint: store.endpoint(), ..Default::default() }
@@ -467,6 +477,12 @@ async fn the_role_grants_exactly_what_the_reconciler_calls() {
         .await
         .unwrap();
     wait(0, true).await;
+    // The slowed Deployment list ends and its watch starts.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !kube.requests().iter().any(|r| r.verb == "watch" && r.resource == "apps/deployments") {
+        assert!(tokio::time::Instant::now() < deadline, "the Deployment watch never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     stop_tx.send(true).unwrap();
     reconciler.await.unwrap();
     election.await.unwrap();
