@@ -370,7 +370,10 @@ async fn wait_reconciles(pair: &Pair, count: u64, limit: Duration) -> anyhow::Re
             eprintln!("  {done}/{count} reconcile passes after {:?}", started.elapsed());
             reported = Instant::now();
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        // A scrape recounts every gateway's phase: scraping every 20 ms
+        // (as the first version did) cost the reconciler 15% of its CPU
+        // at 100,000 gateways. Prometheus scrapes every 15 s or so.
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 
