@@ -1,7 +1,7 @@
 //! Group commit: one task takes every queued write, runs them in one
 //! transaction, and answers each after the commit. Throughput is then not
 //! bounded by one durable commit per write, yet every write is acknowledged
-//! only once it is on disk, and a failing write fails alone (savepoints).
+//! only once it is on disk, and a write refused by its rule fails alone.
 
 use std::sync::Arc;
 

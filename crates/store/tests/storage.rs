@@ -96,9 +96,9 @@ async fn a_batch_of_only_failures_writes_nothing(store: &TestStore) {
 
 on_both_backends!(a_failing_write_in_a_batch_fails_alone, a_batch_of_only_failures_writes_nothing);
 
-/// On PostgreSQL a unique violation aborts the transaction; the savepoint
-/// around each write keeps the rest of the batch. Another writer (as a
-/// second replica would) inserts the same name while the batch runs.
+/// On PostgreSQL an error aborts the transaction, so a create whose name
+/// another writer (as a second replica would) takes while the batch runs
+/// must fail alone without one: the rest of the batch commits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_unique_violation_in_a_batch_fails_alone() {
     use sqlx::Connection;

@@ -3,9 +3,13 @@
 //! Writes arrive in batches from the group-commit writer
 //! ([`crate::writer`]): the backend opens one transaction, and for each write
 //! reads the row under its lock, hands the stored object to a pure rule from
-//! `gantry_core::lifecycle`, and, if the rule produced a change, advances
-//! the store revision and writes the row and its event row. Each write runs
-//! inside a savepoint, so a failing write fails alone. Callers are answered
+//! `gantry_core::lifecycle`, and, if the rule produced a change, writes the
+//! row and its event row under the next revision. A write fails alone only
+//! before it has changed anything (a rule refused it, the name was taken, a
+//! row did not decode); a database error fails the whole batch, so nothing
+//! is ever half written. The store revision is locked and read once per
+//! batch and stored once at its end: three statements per write, and one
+//! lock order (revision, then rows) for every writer. Callers are answered
 //! only after the commit is durable.
 
 use std::collections::BTreeMap;
@@ -179,12 +183,17 @@ pub(crate) fn decode_event(
 /// SQL shared by both backends (`$N` placeholders work on SQLite too).
 pub(crate) mod sql {
     pub const SELECT_OBJECT: &str = "SELECT object FROM gateways WHERE name = $1";
-    pub const NEXT_REVISION: &str =
-        "UPDATE store_revision SET revision = revision + 1 WHERE id = 1 RETURNING revision";
+    /// Locks the revision row for the batch (a plain SELECT would not on
+    /// PostgreSQL) and reads it.
+    pub const LOCK_REVISION: &str =
+        "UPDATE store_revision SET revision = revision WHERE id = 1 RETURNING revision";
+    pub const SET_REVISION: &str = "UPDATE store_revision SET revision = $1 WHERE id = 1";
     pub const CURRENT_REVISION: &str = "SELECT revision FROM store_revision WHERE id = 1";
+    /// Inserts nothing when the name is taken (by another replica since
+    /// the row was read): an error would abort a PostgreSQL transaction.
     pub const INSERT: &str = "INSERT INTO gateways \
         (name, uid, generation, observed_generation, resource_version, deleting, object) \
-        VALUES ($1, $2, $3, $4, $5, $6, $7)";
+        VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (name) DO NOTHING";
     pub const UPDATE: &str = "UPDATE gateways SET uid = $2, generation = $3, \
         observed_generation = $4, resource_version = $5, deleting = $6, object = $7 WHERE name = $1";
     pub const DELETE: &str = "DELETE FROM gateways WHERE name = $1";
@@ -202,17 +211,16 @@ pub(crate) mod sql {
     pub const DELETE_EVENTS: &str = "DELETE FROM gateway_events WHERE revision <= $1";
     pub const SET_COMPACTED: &str =
         "UPDATE store_compaction SET revision = $1 WHERE id = 1 AND revision < $1";
-    pub const SAVEPOINT: &str = "SAVEPOINT gantry_write";
-    pub const RELEASE: &str = "RELEASE SAVEPOINT gantry_write";
-    pub const ROLLBACK_TO: &str = "ROLLBACK TO SAVEPOINT gantry_write";
 }
 
 /// Runs one write inside the open transaction `$tx`; `$select` reads the
-/// row and takes its lock. Evaluates to `Result<Committed, StorageError>`.
-/// A macro because the body is the same for both backends while their
-/// transaction types differ.
+/// row and takes its lock; `$revision` is the last revision assigned and
+/// advances only when the write changed something. Evaluates to
+/// `Result<Committed, StorageError>`; only a `Database` error can come
+/// after a statement changed something. A macro because the body is the
+/// same for both backends while their transaction types differ.
 macro_rules! write_one {
-    ($tx:ident, $name:expr, $mutation:expr, $select:expr) => {
+    ($tx:ident, $name:expr, $mutation:expr, $select:expr, $revision:expr) => {
         async {
             use gantry_api::v1::EventType;
             use prost::Message as _;
@@ -235,8 +243,7 @@ macro_rules! write_one {
                 gantry_core::Write::Put(g) => (g, EventType::Added),
                 gantry_core::Write::Remove(g) => (g, EventType::Deleted),
             };
-            let (revision,): (i64,) =
-                sqlx::query_as(sql::NEXT_REVISION).fetch_one(&mut *$tx).await?;
+            let revision: i64 = *$revision + 1;
             gateway.metadata.get_or_insert_with(Default::default).resource_version = revision;
             let bytes = gateway.encode_to_vec();
             let meta = gateway.metadata.clone().unwrap_or_default();
@@ -254,15 +261,10 @@ macro_rules! write_one {
                     .bind(&bytes)
                     .execute(&mut *$tx)
                     .await;
-                match result {
-                    Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                        return Err(StorageError::Rule(gantry_core::RuleError::AlreadyExists(
-                            name.to_string(),
-                        )));
-                    }
-                    other => {
-                        other?;
-                    }
+                if result?.rows_affected() == 0 {
+                    return Err(StorageError::Rule(gantry_core::RuleError::AlreadyExists(
+                        name.to_string(),
+                    )));
                 }
             }
             sqlx::query(sql::INSERT_EVENT)
@@ -274,6 +276,7 @@ macro_rules! write_one {
                 .bind(prev_labels.as_ref().map(encode_labels))
                 .execute(&mut *$tx)
                 .await?;
+            *$revision = revision;
             let event =
                 Arc::new(Event { revision, kind, gateway: Arc::new(gateway.clone()), prev_labels });
             Ok::<Committed, StorageError>(Committed { gateway, event: Some(event) })
@@ -282,29 +285,26 @@ macro_rules! write_one {
     };
 }
 
-/// Runs a batch of writes in the open transaction `$tx`, each in a
-/// savepoint so that one failing write leaves the others intact (a batch of
-/// one needs none: its transaction is simply not committed). Evaluates to
-/// the per-write results; the caller commits when any write changed
+/// Runs a batch of writes in the open transaction `$tx`. A write refused
+/// before it changed anything fails alone; a database error returns from
+/// the enclosing function, and the dropped transaction rolls back. Evaluates
+/// to the per-write results; the caller commits when any write changed
 /// something.
 macro_rules! write_batch {
     ($tx:ident, $writes:expr, $select:expr) => {{
-        use $crate::storage::{sql, PendingWrite};
+        use $crate::storage::{sql, PendingWrite, StorageError};
         let writes: Vec<PendingWrite> = $writes;
-        let isolate = writes.len() > 1;
+        let (base,): (i64,) = sqlx::query_as(sql::LOCK_REVISION).fetch_one(&mut *$tx).await?;
+        let mut revision = base;
         let mut results = Vec::with_capacity(writes.len());
         for PendingWrite { name, mutation } in writes {
-            if isolate {
-                sqlx::query(sql::SAVEPOINT).execute(&mut *$tx).await?;
+            match $crate::storage::write_one!($tx, &name, mutation, $select, &mut revision) {
+                Err(StorageError::Database(e)) => return Err(StorageError::Database(e)),
+                result => results.push(result),
             }
-            let result = $crate::storage::write_one!($tx, &name, mutation, $select);
-            if isolate {
-                if result.is_err() {
-                    sqlx::query(sql::ROLLBACK_TO).execute(&mut *$tx).await?;
-                }
-                sqlx::query(sql::RELEASE).execute(&mut *$tx).await?;
-            }
-            results.push(result);
+        }
+        if revision != base {
+            sqlx::query(sql::SET_REVISION).bind(revision).execute(&mut *$tx).await?;
         }
         results
     }};
