@@ -1,18 +1,16 @@
 //! Persistence: one [`Storage`] trait, one module per backend.
 //!
 //! Writes arrive in batches from the group-commit writer
-//! ([`crate::writer`]): the backend opens one transaction, and for each write
-//! reads the row under its lock, hands the stored object to a pure rule from
-//! `gantry_core::lifecycle`, and, if the rule produced a change, writes the
-//! row and its event row under the next revision. A write fails alone only
-//! before it has changed anything (a rule refused it, the name was taken, a
-//! row did not decode); a database error fails the whole batch, so nothing
-//! is ever half written. The store revision is locked and read once per
-//! batch and stored once at its end: three statements per write, and one
-//! lock order (revision, then rows) for every writer. Callers are answered
-//! only after the commit is durable.
+//! ([`crate::writer`]). A backend runs a batch in one transaction with a
+//! constant number of statements per batch where the database allows it:
+//! lock and read the store revision, read every row the batch names, run
+//! the pure rules from `gantry_core::lifecycle` over them in memory
+//! ([`plan_batch`]), then store the changed rows, the events and the new
+//! revision, and commit. A write refused by its rule fails alone; a
+//! database error fails the whole batch, so nothing is ever half written.
+//! Callers are answered only after the commit is durable.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use gantry_api::v1::{EventType, Gateway, ObjectMeta};
@@ -183,14 +181,17 @@ pub(crate) fn decode_event(
 /// SQL shared by both backends (`$N` placeholders work on SQLite too).
 pub(crate) mod sql {
     pub const SELECT_OBJECT: &str = "SELECT object FROM gateways WHERE name = $1";
+    /// Rows of a JSON array of names (SQLite has no array parameters).
+    pub const SELECT_ROWS_JSON: &str =
+        "SELECT name, object FROM gateways WHERE name IN (SELECT value FROM json_each($1))";
     /// Locks the revision row for the batch (a plain SELECT would not on
-    /// PostgreSQL) and reads it.
+    /// PostgreSQL) and reads it. Every writer takes it first, so writers
+    /// serialize on it and rows need no locks of their own.
     pub const LOCK_REVISION: &str =
         "UPDATE store_revision SET revision = revision WHERE id = 1 RETURNING revision";
     pub const SET_REVISION: &str = "UPDATE store_revision SET revision = $1 WHERE id = 1";
     pub const CURRENT_REVISION: &str = "SELECT revision FROM store_revision WHERE id = 1";
-    /// Inserts nothing when the name is taken (by another replica since
-    /// the row was read): an error would abort a PostgreSQL transaction.
+    /// Inserts nothing when the name is taken: see [`super::changed_behind_our_back`].
     pub const INSERT: &str = "INSERT INTO gateways \
         (name, uid, generation, observed_generation, resource_version, deleting, object) \
         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (name) DO NOTHING";
@@ -213,108 +214,127 @@ pub(crate) mod sql {
         "UPDATE store_compaction SET revision = $1 WHERE id = 1 AND revision < $1";
 }
 
-/// Runs one write inside the open transaction `$tx`; `$select` reads the
-/// row and takes its lock; `$revision` is the last revision assigned and
-/// advances only when the write changed something. Evaluates to
-/// `Result<Committed, StorageError>`; only a `Database` error can come
-/// after a statement changed something. A macro because the body is the
-/// same for both backends while their transaction types differ.
-macro_rules! write_one {
-    ($tx:ident, $name:expr, $mutation:expr, $select:expr, $revision:expr) => {
-        async {
-            use gantry_api::v1::EventType;
-            use prost::Message as _;
-            use std::sync::Arc;
-            use $crate::storage::{
-                decode, encode_labels, now_ms, sql, Committed, Event, StorageError,
-            };
-            let name: &str = $name;
-            let row: Option<(Vec<u8>,)> =
-                sqlx::query_as($select).bind(name).fetch_optional(&mut *$tx).await?;
-            let current = row.map(|(bytes,)| decode(name, &bytes)).transpose()?;
-            let existed = current.is_some();
-            let prev_labels =
-                current.as_ref().and_then(|g| g.metadata.as_ref()).map(|m| m.labels.clone());
-            let (mut gateway, kind) = match ($mutation)(current.as_ref())? {
-                gantry_core::Write::Unchanged(gateway) => {
-                    return Ok(Committed { gateway, event: None })
-                }
-                gantry_core::Write::Put(g) if existed => (g, EventType::Modified),
-                gantry_core::Write::Put(g) => (g, EventType::Added),
-                gantry_core::Write::Remove(g) => (g, EventType::Deleted),
-            };
-            let revision: i64 = *$revision + 1;
-            gateway.metadata.get_or_insert_with(Default::default).resource_version = revision;
-            let bytes = gateway.encode_to_vec();
-            let meta = gateway.metadata.clone().unwrap_or_default();
-            if kind == EventType::Deleted {
-                sqlx::query(sql::DELETE).bind(name).execute(&mut *$tx).await?;
-            } else {
-                let statement = if existed { sql::UPDATE } else { sql::INSERT };
-                let result = sqlx::query(statement)
-                    .bind(name)
-                    .bind(&meta.uid)
-                    .bind(meta.generation)
-                    .bind(gateway.status.as_ref().map_or(0, |s| s.observed_generation))
-                    .bind(revision)
-                    .bind(meta.delete_time.is_some())
-                    .bind(&bytes)
-                    .execute(&mut *$tx)
-                    .await;
-                if result?.rows_affected() == 0 {
-                    return Err(StorageError::Rule(gantry_core::RuleError::AlreadyExists(
-                        name.to_string(),
-                    )));
-                }
-            }
-            sqlx::query(sql::INSERT_EVENT)
-                .bind(revision)
-                .bind(kind as i32)
-                .bind(name)
-                .bind(&bytes)
-                .bind(now_ms())
-                .bind(prev_labels.as_ref().map(encode_labels))
-                .execute(&mut *$tx)
-                .await?;
-            *$revision = revision;
-            let event =
-                Arc::new(Event { revision, kind, gateway: Arc::new(gateway.clone()), prev_labels });
-            Ok::<Committed, StorageError>(Committed { gateway, event: Some(event) })
-        }
-        .await
-    };
+/// A stored row as a batch read it: the object, or why it does not decode.
+pub(crate) type StoredRow = Result<Gateway, String>;
+
+/// What a batch leaves in one row it changed.
+#[derive(Debug)]
+pub(crate) struct RowWrite {
+    pub name: String,
+    /// The row existed before the batch: UPDATE or DELETE, not INSERT.
+    pub existed: bool,
+    /// The object to store and its encoding; `None` deletes the row.
+    pub after: Option<(Gateway, Vec<u8>)>,
 }
 
-/// Runs a batch of writes in the open transaction `$tx`. A write refused
-/// before it changed anything fails alone; a database error returns from
-/// the enclosing function, and the dropped transaction rolls back. Evaluates
-/// to the per-write results; the caller commits when any write changed
-/// something.
-macro_rules! write_batch {
-    ($tx:ident, $writes:expr, $select:expr) => {{
-        use $crate::storage::{sql, PendingWrite, StorageError};
-        let writes: Vec<PendingWrite> = $writes;
-        let (base,): (i64,) = sqlx::query_as(sql::LOCK_REVISION).fetch_one(&mut *$tx).await?;
-        let mut revision = base;
-        let mut results = Vec::with_capacity(writes.len());
-        for PendingWrite { name, mutation } in writes {
-            match $crate::storage::write_one!($tx, &name, mutation, $select, &mut revision) {
-                Err(StorageError::Database(e)) => return Err(StorageError::Database(e)),
-                result => results.push(result),
-            }
-        }
-        if revision != base {
-            sqlx::query(sql::SET_REVISION).bind(revision).execute(&mut *$tx).await?;
-        }
-        results
-    }};
+impl RowWrite {
+    /// The columns of an INSERT or UPDATE:
+    /// `(uid, generation, observed_generation, resource_version, deleting)`.
+    pub fn columns(gateway: &Gateway) -> (String, i64, i64, i64, bool) {
+        let meta = gateway.metadata.clone().unwrap_or_default();
+        let observed = gateway.status.as_ref().map_or(0, |s| s.observed_generation);
+        (meta.uid, meta.generation, observed, meta.resource_version, meta.delete_time.is_some())
+    }
 }
 
-pub(crate) use {write_batch, write_one};
+/// What a batch's rules decided: the answer to each write, the rows and
+/// events to store, and the last revision assigned.
+#[derive(Debug)]
+pub(crate) struct BatchPlan {
+    pub results: Vec<Result<Committed, StorageError>>,
+    pub rows: Vec<RowWrite>,
+    /// Each event with the encoding of its object.
+    pub events: Vec<(Arc<Event>, Vec<u8>)>,
+    pub revision: i64,
+}
 
-/// The newest revision among committed results, if any changed.
-pub(crate) fn last_revision(results: &[Result<Committed, StorageError>]) -> Option<i64> {
-    results.iter().filter_map(|r| r.as_ref().ok()?.event.as_ref().map(|e| e.revision)).max()
+/// Runs the writes' rules in order over the rows the batch read (`stored`,
+/// by name; absent means no row), each write seeing the ones before it.
+/// Every change gets the next revision after `base`; a write its rule
+/// refuses, or whose row does not decode, fails alone and spends nothing.
+/// Pure: the backends read before and store after.
+pub(crate) fn plan_batch(
+    stored: &HashMap<String, StoredRow>,
+    writes: Vec<PendingWrite>,
+    base: i64,
+) -> BatchPlan {
+    // Names changed so far, with their state after the batch's writes.
+    let mut current: BTreeMap<String, Option<(Gateway, Vec<u8>)>> = BTreeMap::new();
+    let mut results = Vec::with_capacity(writes.len());
+    let mut events = Vec::new();
+    let mut revision = base;
+    for PendingWrite { name, mutation } in writes {
+        let state = match current.get(&name) {
+            Some(after) => after.as_ref().map(|(g, _)| g),
+            None => match stored.get(&name) {
+                Some(Ok(g)) => Some(g),
+                Some(Err(reason)) => {
+                    results.push(Err(StorageError::Corrupt { name, reason: reason.clone() }));
+                    continue;
+                }
+                None => None,
+            },
+        };
+        let prev_labels = state.and_then(|g| g.metadata.as_ref()).map(|m| m.labels.clone());
+        let (mut gateway, kind) = match mutation(state) {
+            Err(e) => {
+                results.push(Err(e.into()));
+                continue;
+            }
+            Ok(Write::Unchanged(gateway)) => {
+                results.push(Ok(Committed { gateway, event: None }));
+                continue;
+            }
+            Ok(Write::Put(g)) if state.is_some() => (g, EventType::Modified),
+            Ok(Write::Put(g)) => (g, EventType::Added),
+            Ok(Write::Remove(g)) => (g, EventType::Deleted),
+        };
+        revision += 1;
+        gateway.metadata.get_or_insert_with(Default::default).resource_version = revision;
+        let bytes = gateway.encode_to_vec();
+        let event =
+            Arc::new(Event { revision, kind, gateway: Arc::new(gateway.clone()), prev_labels });
+        let after = (kind != EventType::Deleted).then(|| (gateway.clone(), bytes.clone()));
+        current.insert(name, after);
+        events.push((event.clone(), bytes));
+        results.push(Ok(Committed { gateway, event: Some(event) }));
+    }
+    let rows = current
+        .into_iter()
+        .filter_map(|(name, after)| {
+            let existed = stored.contains_key(&name);
+            // Created and removed within the batch: no row to touch.
+            (existed || after.is_some()).then_some(RowWrite { name, existed, after })
+        })
+        .collect();
+    BatchPlan { results, rows, events, revision }
+}
+
+/// The distinct names a batch writes, to read their rows in one statement.
+pub(crate) fn batch_names(writes: &[PendingWrite]) -> Vec<String> {
+    let names: std::collections::BTreeSet<&str> = writes.iter().map(|w| w.name.as_str()).collect();
+    names.into_iter().map(str::to_string).collect()
+}
+
+/// Decodes the rows a batch read; a row that does not decode fails only
+/// the writes to it.
+pub(crate) fn stored_rows(rows: Vec<(String, Vec<u8>)>) -> HashMap<String, StoredRow> {
+    rows.into_iter()
+        .map(|(name, bytes)| {
+            let row = Gateway::decode(bytes.as_slice()).map_err(|e| e.to_string());
+            (name, row)
+        })
+        .collect()
+}
+
+/// The error when a row changed between the batch's read and its write:
+/// store replicas cannot cause it (they all take the revision lock first),
+/// only a writer that bypasses gateway-store.
+pub(crate) fn changed_behind_our_back(name: &str) -> StorageError {
+    StorageError::NotCommitted(format!(
+        "gateway {name:?} was changed meanwhile by a writer outside gateway-store; \
+         nothing was written, retry"
+    ))
 }
 
 /// Milliseconds since the Unix epoch, for event rows.
@@ -390,3 +410,93 @@ macro_rules! compact_in {
 }
 
 pub(crate) use {compact_in, events_after_in, list_in};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(name: &str, image: &str) -> Gateway {
+        Gateway {
+            metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
+            spec: Some(gantry_api::v1::GatewaySpec { image: image.into(), ..Default::default() }),
+            status: None,
+        }
+    }
+
+    fn put(name: &str, image: &str) -> PendingWrite {
+        let g = named(name, image);
+        PendingWrite { name: name.into(), mutation: Box::new(move |_| Ok(Write::Put(g))) }
+    }
+
+    fn remove(name: &str) -> PendingWrite {
+        PendingWrite {
+            name: name.into(),
+            mutation: Box::new(|current| match current {
+                Some(g) => Ok(Write::Remove(g.clone())),
+                None => Err(RuleError::NotFound("gone".into())),
+            }),
+        }
+    }
+
+    fn kinds(plan: &BatchPlan) -> Vec<Option<EventType>> {
+        plan.results
+            .iter()
+            .map(|r| r.as_ref().ok().and_then(|c| c.event.as_ref().map(|e| e.kind)))
+            .collect()
+    }
+
+    #[test]
+    fn each_write_sees_the_ones_before_it_and_rows_keep_only_the_last_state() {
+        let stored = HashMap::from([("old".to_string(), Ok(named("old", "v1")))]);
+        let writes =
+            vec![put("new", "a"), put("new", "b"), remove("old"), put("old", "v2"), remove("gone")];
+        let plan = plan_batch(&stored, writes, 10);
+        assert_eq!(
+            kinds(&plan),
+            [
+                Some(EventType::Added),
+                Some(EventType::Modified),
+                Some(EventType::Deleted),
+                Some(EventType::Added),
+                None
+            ]
+        );
+        assert!(matches!(plan.results[4], Err(StorageError::Rule(RuleError::NotFound(_)))));
+        let revisions: Vec<i64> = plan.events.iter().map(|(e, _)| e.revision).collect();
+        assert_eq!(revisions, [11, 12, 13, 14], "a revision per change, none for the refusal");
+        assert_eq!(plan.revision, 14);
+        let rows: Vec<(&str, bool, Option<&str>)> = plan
+            .rows
+            .iter()
+            .map(|r| {
+                let image =
+                    r.after.as_ref().and_then(|(g, _)| g.spec.as_ref()).map(|s| s.image.as_str());
+                (r.name.as_str(), r.existed, image)
+            })
+            .collect();
+        // "old" was removed and created again: its row is updated, not
+        // deleted and inserted.
+        assert_eq!(rows, [("new", false, Some("b")), ("old", true, Some("v2"))]);
+        let (stored_new, bytes) = plan.rows[0].after.as_ref().unwrap();
+        assert_eq!(stored_new.metadata.as_ref().unwrap().resource_version, 12);
+        assert_eq!(Gateway::decode(bytes.as_slice()).unwrap(), *stored_new);
+    }
+
+    #[test]
+    fn a_gateway_created_and_removed_in_one_batch_touches_no_row() {
+        let plan = plan_batch(&HashMap::new(), vec![put("x", "a"), remove("x")], 1);
+        assert_eq!(plan.events.len(), 2);
+        assert!(plan.rows.is_empty());
+    }
+
+    #[test]
+    fn a_row_that_does_not_decode_fails_only_the_writes_to_it() {
+        let stored = HashMap::from([("bad".to_string(), Err("truncated".to_string()))]);
+        let plan = plan_batch(&stored, vec![put("bad", "a"), put("good", "a")], 1);
+        assert!(
+            matches!(plan.results[0], Err(StorageError::Corrupt { ref name, .. }) if name == "bad")
+        );
+        assert_eq!(kinds(&plan)[1], Some(EventType::Added));
+        assert_eq!(plan.revision, 2);
+    }
+}

@@ -1,12 +1,18 @@
 //! PostgreSQL backend.
 //!
-//! Revisions in commit order: each write locks its row
-//! (`SELECT ... FOR UPDATE`), then the single `store_revision` row
-//! (`UPDATE ... RETURNING`), and holds both until commit. A second writer
-//! blocks on the revision row until the first commits, so revision N+1 is
-//! never committed before N, and a reader that sees N sees everything
-//! before it. (A sequence would not give this: sequence values are handed
-//! out at call time and transactions may commit in another order.)
+//! Revisions in commit order: a batch first locks the single
+//! `store_revision` row (`UPDATE ... RETURNING`) and holds it until
+//! commit. A second writer, in this process or another replica, blocks on
+//! it until the first commits, so revision N+1 is never committed before N,
+//! and a reader that sees N sees everything before it. (A sequence would
+//! not give this: sequence values are handed out at call time and
+//! transactions may commit in another order.) As every writer takes that
+//! lock first, the batch reads its rows without row locks and cannot
+//! deadlock.
+//!
+//! A batch costs a constant number of statements whatever its size: one
+//! read of all its rows (`= ANY`), one UPDATE, INSERT and DELETE each for
+//! the changed rows and one INSERT of the events (`UNNEST` of arrays).
 //!
 //! Several store replicas: each commit sends `NOTIFY gantry_events` inside
 //! its transaction (delivered at commit); every replica LISTENs and then
@@ -19,11 +25,28 @@ use gantry_api::v1::Gateway;
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 
 use super::{
-    compact_in, decode, events_after_in, last_revision, list_in, sql, write_batch, Committed,
-    Event, PendingWrite, Retention, Snapshot, Storage, StorageError,
+    batch_names, changed_behind_our_back, compact_in, decode, encode_labels, events_after_in,
+    list_in, now_ms, plan_batch, sql, stored_rows, Committed, Event, PendingWrite, Retention,
+    RowWrite, Snapshot, Storage, StorageError,
 };
 
-const SELECT_FOR_UPDATE: &str = "SELECT object FROM gateways WHERE name = $1 FOR UPDATE";
+const SELECT_ROWS: &str = "SELECT name, object FROM gateways WHERE name = ANY($1)";
+/// The `ANY` condition lets the planner find the rows by the primary key
+/// rather than hash-joining a scan of the table.
+const UPDATE_ROWS: &str = "UPDATE gateways AS g SET uid = u.uid, generation = u.generation, \
+    observed_generation = u.observed_generation, resource_version = u.resource_version, \
+    deleting = u.deleting, object = u.object \
+    FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::bool[], $7::bytea[]) \
+    AS u(name, uid, generation, observed_generation, resource_version, deleting, object) \
+    WHERE g.name = u.name AND g.name = ANY($1)";
+const INSERT_ROWS: &str = "INSERT INTO gateways \
+    (name, uid, generation, observed_generation, resource_version, deleting, object) \
+    SELECT * FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::bool[], $7::bytea[]) \
+    ON CONFLICT (name) DO NOTHING";
+const DELETE_ROWS: &str = "DELETE FROM gateways WHERE name = ANY($1)";
+const INSERT_EVENTS: &str = "INSERT INTO gateway_events \
+    (revision, event_type, name, object, created_at_ms, prev_labels) \
+    SELECT * FROM UNNEST($1::int8[], $2::int4[], $3::text[], $4::bytea[], $5::int8[], $6::bytea[])";
 const CHANNEL: &str = "gantry_events";
 
 /// Gateways in a PostgreSQL database.
@@ -66,16 +89,62 @@ impl Storage for PostgresStorage {
         writes: Vec<PendingWrite>,
     ) -> Result<Vec<Result<Committed, StorageError>>, StorageError> {
         let mut tx = self.pool.begin().await?;
-        let results = write_batch!(tx, writes, SELECT_FOR_UPDATE);
-        if let Some(revision) = last_revision(&results) {
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(CHANNEL)
-                .bind(revision.to_string())
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
+        let (base,): (i64,) = sqlx::query_as(sql::LOCK_REVISION).fetch_one(&mut *tx).await?;
+        let rows =
+            sqlx::query_as(SELECT_ROWS).bind(batch_names(&writes)).fetch_all(&mut *tx).await?;
+        let plan = plan_batch(&stored_rows(rows), writes, base);
+        if plan.revision == base {
+            // Nothing changed: the dropped transaction rolls back.
+            return Ok(plan.results);
         }
-        Ok(results)
+        let (mut updates, mut inserts) = (RowColumns::default(), RowColumns::default());
+        let mut deletes = Vec::new();
+        for row in &plan.rows {
+            match (&row.after, row.existed) {
+                (None, _) => deletes.push(row.name.clone()),
+                (Some(after), true) => updates.push(&row.name, after),
+                (Some(after), false) => inserts.push(&row.name, after),
+            }
+        }
+        for (statement, columns) in [(UPDATE_ROWS, updates), (INSERT_ROWS, inserts)] {
+            if columns.names.is_empty() {
+                continue;
+            }
+            let written = columns.bind(sqlx::query(statement)).execute(&mut *tx).await?;
+            if written.rows_affected() != columns.names.len() as u64 {
+                return Err(changed_behind_our_back(&columns.names.join(", ")));
+            }
+        }
+        if !deletes.is_empty() {
+            let deleted = sqlx::query(DELETE_ROWS).bind(&deletes).execute(&mut *tx).await?;
+            if deleted.rows_affected() != deletes.len() as u64 {
+                return Err(changed_behind_our_back(&deletes.join(", ")));
+            }
+        }
+        let now = now_ms();
+        let events = &plan.events;
+        sqlx::query(INSERT_EVENTS)
+            .bind(events.iter().map(|(e, _)| e.revision).collect::<Vec<_>>())
+            .bind(events.iter().map(|(e, _)| e.kind as i32).collect::<Vec<_>>())
+            .bind(events.iter().map(|(e, _)| e.name().to_string()).collect::<Vec<_>>())
+            .bind(events.iter().map(|(_, bytes)| bytes.clone()).collect::<Vec<_>>())
+            .bind(vec![now; events.len()])
+            .bind(
+                events
+                    .iter()
+                    .map(|(e, _)| e.prev_labels.as_ref().map(encode_labels))
+                    .collect::<Vec<_>>(),
+            )
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(sql::SET_REVISION).bind(plan.revision).execute(&mut *tx).await?;
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(CHANNEL)
+            .bind(plan.revision.to_string())
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(plan.results)
     }
 
     async fn events_after(
@@ -127,5 +196,44 @@ impl Storage for PostgresStorage {
 
     fn backend(&self) -> &'static str {
         "postgres"
+    }
+}
+
+/// Row columns as arrays, for one `UNNEST` statement.
+#[derive(Debug, Default)]
+struct RowColumns {
+    names: Vec<String>,
+    uids: Vec<String>,
+    generations: Vec<i64>,
+    observed: Vec<i64>,
+    resource_versions: Vec<i64>,
+    deleting: Vec<bool>,
+    objects: Vec<Vec<u8>>,
+}
+
+impl RowColumns {
+    fn push(&mut self, name: &str, (gateway, bytes): &(Gateway, Vec<u8>)) {
+        let (uid, generation, observed, resource_version, deleting) = RowWrite::columns(gateway);
+        self.names.push(name.to_string());
+        self.uids.push(uid);
+        self.generations.push(generation);
+        self.observed.push(observed);
+        self.resource_versions.push(resource_version);
+        self.deleting.push(deleting);
+        self.objects.push(bytes.clone());
+    }
+
+    fn bind<'q>(
+        &'q self,
+        query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        query
+            .bind(&self.names)
+            .bind(&self.uids)
+            .bind(&self.generations)
+            .bind(&self.observed)
+            .bind(&self.resource_versions)
+            .bind(&self.deleting)
+            .bind(&self.objects)
     }
 }

@@ -14,8 +14,9 @@ use sqlx::sqlite::{
 };
 
 use super::{
-    compact_in, decode, events_after_in, last_revision, list_in, sql, write_batch, Committed,
-    Event, PendingWrite, Retention, Snapshot, Storage, StorageError,
+    batch_names, changed_behind_our_back, compact_in, decode, encode_labels, events_after_in,
+    list_in, now_ms, plan_batch, sql, stored_rows, Committed, Event, PendingWrite, Retention,
+    RowWrite, Snapshot, Storage, StorageError,
 };
 
 /// Gateways in a SQLite file.
@@ -71,11 +72,49 @@ impl Storage for SqliteStorage {
         // IMMEDIATE takes the write lock up front, so no read in the batch
         // can be invalidated before this transaction writes.
         let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-        let results = write_batch!(tx, writes, sql::SELECT_OBJECT);
-        if last_revision(&results).is_some() {
-            tx.commit().await?;
+        let (base,): (i64,) = sqlx::query_as(sql::LOCK_REVISION).fetch_one(&mut *tx).await?;
+        let names = serde_json::Value::from(batch_names(&writes)).to_string();
+        let rows = sqlx::query_as(sql::SELECT_ROWS_JSON).bind(names).fetch_all(&mut *tx).await?;
+        let plan = plan_batch(&stored_rows(rows), writes, base);
+        if plan.revision == base {
+            // Nothing changed: the dropped transaction rolls back.
+            return Ok(plan.results);
         }
-        Ok(results)
+        for row in &plan.rows {
+            let query = match &row.after {
+                None => sqlx::query(sql::DELETE).bind(&row.name),
+                Some((gateway, bytes)) => {
+                    let (uid, generation, observed, resource_version, deleting) =
+                        RowWrite::columns(gateway);
+                    sqlx::query(if row.existed { sql::UPDATE } else { sql::INSERT })
+                        .bind(&row.name)
+                        .bind(uid)
+                        .bind(generation)
+                        .bind(observed)
+                        .bind(resource_version)
+                        .bind(deleting)
+                        .bind(bytes.as_slice())
+                }
+            };
+            if query.execute(&mut *tx).await?.rows_affected() != 1 {
+                return Err(changed_behind_our_back(&row.name));
+            }
+        }
+        let now = now_ms();
+        for (event, bytes) in &plan.events {
+            sqlx::query(sql::INSERT_EVENT)
+                .bind(event.revision)
+                .bind(event.kind as i32)
+                .bind(event.name())
+                .bind(bytes.as_slice())
+                .bind(now)
+                .bind(event.prev_labels.as_ref().map(encode_labels))
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query(sql::SET_REVISION).bind(plan.revision).execute(&mut *tx).await?;
+        tx.commit().await?;
+        Ok(plan.results)
     }
 
     async fn events_after(
