@@ -345,3 +345,27 @@ impl TempPostgres {
     }
 }
 pub mod linearizability;
+
+/// Replays the history from the first revision up to `until` and returns
+/// its revisions, checking that each event is a creation (the crash and
+/// fault tests only create) and that none takes over 30 s to arrive.
+pub async fn replay_creations(client: &mut gantry_client::GatewayClient, until: i64) -> Vec<i64> {
+    use gantry_api::v1::{EventType, WatchGatewaysRequest};
+    use tokio_stream::StreamExt;
+    let mut stream = client
+        .watch_gateways(WatchGatewaysRequest { resource_version: 1, ..Default::default() })
+        .await
+        .expect("watch from the first revision")
+        .into_inner();
+    let mut revisions = Vec::new();
+    while revisions.last().is_none_or(|r| *r < until) {
+        let event = tokio::time::timeout(Duration::from_secs(30), stream.next())
+            .await
+            .expect("the next event within 30 s")
+            .expect("the watch stays open")
+            .expect("a watch event");
+        assert_eq!(event.r#type(), EventType::Added);
+        revisions.push(event.resource_version);
+    }
+    revisions
+}

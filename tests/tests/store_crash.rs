@@ -9,9 +9,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gantry_api::v1::{
-    CreateGatewayRequest, EventType, Gateway, GatewaySpec, ObjectMeta, WatchGatewaysRequest,
-};
+use gantry_api::v1::{CreateGatewayRequest, Gateway, GatewaySpec, ObjectMeta};
 use gantry_client::watch::{list_then_watch, WatchOptions, WatchUpdate};
 use gantry_client::ClientConfig;
 use gantry_e2e::{temp_dir, StoreProcess, TempPostgres};
@@ -136,21 +134,7 @@ async fn kill_and_restart_loses_nothing(database_url: &str, label: &str) {
     assert!(missing.is_empty(), "acknowledged but lost: {missing:?}");
 
     // The history from the bootstrap revision is gap-free.
-    let mut stream = client
-        .watch_gateways(WatchGatewaysRequest { resource_version: 1, ..Default::default() })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut revisions = Vec::new();
-    while revisions.last().is_none_or(|r| *r < listed_revision) {
-        let e = tokio::time::timeout(Duration::from_secs(30), stream.next())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        assert_eq!(e.r#type(), EventType::Added);
-        revisions.push(e.resource_version);
-    }
+    let revisions = gantry_e2e::replay_creations(&mut client, listed_revision).await;
     assert_eq!(revisions, (2..=listed_revision).collect::<Vec<_>>(), "revisions are gap-free");
     assert_eq!(revisions.len(), stored.len());
 

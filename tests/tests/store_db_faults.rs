@@ -8,13 +8,9 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gantry_api::v1::{
-    CreateGatewayRequest, EventType, Gateway, GatewaySpec, ListGatewaysRequest, ObjectMeta,
-    WatchGatewaysRequest,
-};
+use gantry_api::v1::{CreateGatewayRequest, Gateway, GatewaySpec, ListGatewaysRequest, ObjectMeta};
 use gantry_client::{ClientConfig, GatewayClient};
 use gantry_e2e::{http_get, temp_dir, StoreProcess, TempPostgres};
-use tokio_stream::StreamExt;
 use tonic::Code;
 
 const TERMINATE: &str =
@@ -172,21 +168,7 @@ async fn postgres_faults_fail_writes_cleanly_and_the_store_recovers() {
     assert!(!stored.contains("during-outage"), "the refused probe write was stored");
 
     // The history is gap-free and matches the table.
-    let mut stream = client
-        .watch_gateways(WatchGatewaysRequest { resource_version: 1, ..Default::default() })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut revisions = Vec::new();
-    while revisions.last().is_none_or(|r| *r < listed_revision) {
-        let e = tokio::time::timeout(Duration::from_secs(30), stream.next())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        assert_eq!(e.r#type(), EventType::Added);
-        revisions.push(e.resource_version);
-    }
+    let revisions = gantry_e2e::replay_creations(&mut client, listed_revision).await;
     assert_eq!(revisions, (2..=listed_revision).collect::<Vec<_>>(), "revisions are gap-free");
     assert_eq!(revisions.len(), stored.len());
     let failed = outcomes.iter().filter(|(_, _, r)| r.is_err()).count();
