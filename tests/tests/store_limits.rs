@@ -1,7 +1,8 @@
 //! A flood of calls cannot take gateway-store down: with a per-connection
 //! limit, a flooding client's excess calls are refused RESOURCE_EXHAUSTED
 //! at once (load shedding) while a well-behaved client on its own
-//! connection keeps getting answers.
+//! connection keeps getting answers. A connection holds at most the stream
+//! limit, and a call stuck on the database ends at the request timeout.
 #![allow(clippy::unwrap_used)]
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -10,6 +11,7 @@ use std::time::Duration;
 
 use gantry_api::v1::{
     CreateGatewayRequest, Gateway, GatewaySpec, GetGatewayRequest, ListGatewaysRequest, ObjectMeta,
+    WatchGatewaysRequest,
 };
 use gantry_client::ClientConfig;
 use gantry_e2e::{http_get, temp_dir, StoreProcess};
@@ -78,6 +80,100 @@ async fn a_flood_is_shed_and_a_well_behaved_client_still_gets_answers() {
     let ready = http_get(store.http, "/readyz").unwrap_or_default();
     assert!(ready.starts_with("HTTP/1.1 200"), "the store is not ready after the flood: {ready}");
     eprintln!("flood: {served} calls served, {shed} shed; 50/50 well-behaved calls answered");
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `--max-streams-per-connection` caps what one connection holds open: with
+/// two watches open, a third call on that connection waits for a stream
+/// (HTTP/2 flow control, no error) while another connection is served; it
+/// runs as soon as a watch ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_holds_at_most_the_stream_limit() {
+    let dir = temp_dir("limits-streams");
+    let url = format!("sqlite://{}", dir.join("gantry.db").display());
+    let store = StoreProcess::start_with(&url, &dir, &["--max-streams-per-connection", "2"]);
+    let config = ClientConfig { endpoint: store.endpoint(), ..Default::default() };
+    let mut crowded = gantry_client::connect(&config).await.unwrap();
+    let watch = WatchGatewaysRequest { resource_version: 1, ..Default::default() };
+    let first = crowded.watch_gateways(watch.clone()).await.unwrap().into_inner();
+    let _second = crowded.watch_gateways(watch).await.unwrap().into_inner();
+
+    let mut third = crowded.clone();
+    let waiting = tokio::spawn(async move {
+        third.list_gateways(ListGatewaysRequest::default()).await.map(|r| r.into_inner())
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(!waiting.is_finished(), "a third stream ran on a connection limited to two");
+
+    let mut other = gantry_client::connect(&config).await.unwrap();
+    let served = tokio::time::timeout(
+        Duration::from_secs(5),
+        other.list_gateways(ListGatewaysRequest::default()),
+    )
+    .await
+    .expect("another connection waited over 5 s");
+    served.unwrap();
+
+    drop(first);
+    let listed = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiting call did not run after a watch ended")
+        .unwrap();
+    listed.unwrap();
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `--request-timeout` bounds a call stuck on the database: with the SQLite
+/// file locked by another process, a create is answered at the timeout
+/// (tonic's server timeout answers CANCELLED, "Timeout expired") instead of
+/// hanging, and the store serves again once the lock is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_stuck_on_the_database_ends_at_the_request_timeout() {
+    use sqlx::Connection;
+    let dir = temp_dir("limits-timeout");
+    let path = dir.join("gantry.db");
+    let url = format!("sqlite://{}", path.display());
+    let store = StoreProcess::start_with(&url, &dir, &["--request-timeout", "1s"]);
+    let config = ClientConfig { endpoint: store.endpoint(), ..Default::default() };
+    let mut client = gantry_client::connect(&config).await.unwrap();
+    let gateway = |name: &str| Gateway {
+        metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
+        spec: Some(GatewaySpec { image: "ghcr.io/acme/gw:1".into(), ..Default::default() }),
+        status: None,
+    };
+
+    let mut locker = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    sqlx::query("BEGIN EXCLUSIVE").execute(&mut locker).await.unwrap();
+    let started = std::time::Instant::now();
+    let stuck = tokio::time::timeout(
+        Duration::from_secs(20),
+        client.create_gateway(CreateGatewayRequest { gateway: Some(gateway("stuck")) }),
+    )
+    .await
+    .expect("the call hung past the request timeout")
+    .unwrap_err();
+    let waited = started.elapsed();
+    assert_eq!(stuck.code(), Code::Cancelled, "{stuck:?}");
+    assert!(stuck.message().contains("Timeout"), "{stuck:?}");
+    assert!(waited >= Duration::from_millis(900), "answered before the timeout: {waited:?}");
+
+    sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
+    drop(locker);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let created =
+            client.create_gateway(CreateGatewayRequest { gateway: Some(gateway("after")) }).await;
+        match created {
+            Ok(_) => break,
+            // The timed-out write may still be ahead in the writer's queue.
+            Err(s) if s.code() == Code::Cancelled => {}
+            Err(s) => panic!("the store did not recover: {s:?}"),
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the store never served again");
+    }
+    client.get_gateway(GetGatewayRequest { name: "after".into() }).await.unwrap();
     drop(store);
     let _ = std::fs::remove_dir_all(dir);
 }
