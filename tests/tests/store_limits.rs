@@ -17,19 +17,33 @@ use gantry_client::ClientConfig;
 use gantry_e2e::{http_get, temp_dir, StoreProcess};
 use tonic::Code;
 
+/// A store on a fresh SQLite file with extra flags: its directory, its
+/// database URL, the process and a client configuration for it.
+fn sqlite_store(
+    name: &str,
+    flags: &[&str],
+) -> (std::path::PathBuf, String, StoreProcess, ClientConfig) {
+    let dir = temp_dir(name);
+    let url = format!("sqlite://{}", dir.join("gantry.db").display());
+    let store = StoreProcess::start_with(&url, &dir, flags);
+    let config = ClientConfig { endpoint: store.endpoint(), ..Default::default() };
+    (dir, url, store, config)
+}
+
+fn gateway(name: &str) -> Gateway {
+    Gateway {
+        metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
+        spec: Some(GatewaySpec { image: "ghcr.io/acme/gw:1".into(), ..Default::default() }),
+        status: None,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_is_shed_and_a_well_behaved_client_still_gets_answers() {
-    let dir = temp_dir("limits");
-    let url = format!("sqlite://{}", dir.join("gantry.db").display());
-    let store = StoreProcess::start_with(&url, &dir, &["--max-calls-per-connection", "4"]);
-    let config = ClientConfig { endpoint: store.endpoint(), ..Default::default() };
+    let (dir, _, store, config) = sqlite_store("limits", &["--max-calls-per-connection", "4"]);
     let mut setup = gantry_client::connect(&config).await.unwrap();
     for i in 0..200 {
-        let g = Gateway {
-            metadata: Some(ObjectMeta { name: format!("g{i:03}"), ..Default::default() }),
-            spec: Some(GatewaySpec { image: "ghcr.io/acme/gw:1".into(), ..Default::default() }),
-            status: None,
-        };
+        let g = gateway(&format!("g{i:03}"));
         setup.create_gateway(CreateGatewayRequest { gateway: Some(g) }).await.unwrap();
     }
 
@@ -90,10 +104,8 @@ async fn a_flood_is_shed_and_a_well_behaved_client_still_gets_answers() {
 /// runs as soon as a watch ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_holds_at_most_the_stream_limit() {
-    let dir = temp_dir("limits-streams");
-    let url = format!("sqlite://{}", dir.join("gantry.db").display());
-    let store = StoreProcess::start_with(&url, &dir, &["--max-streams-per-connection", "2"]);
-    let config = ClientConfig { endpoint: store.endpoint(), ..Default::default() };
+    let (dir, _, store, config) =
+        sqlite_store("limits-streams", &["--max-streams-per-connection", "2"]);
     let mut crowded = gantry_client::connect(&config).await.unwrap();
     let watch = WatchGatewaysRequest { resource_version: 1, ..Default::default() };
     let first = crowded.watch_gateways(watch.clone()).await.unwrap().into_inner();
@@ -132,17 +144,8 @@ async fn a_connection_holds_at_most_the_stream_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_stuck_on_the_database_ends_at_the_request_timeout() {
     use sqlx::Connection;
-    let dir = temp_dir("limits-timeout");
-    let path = dir.join("gantry.db");
-    let url = format!("sqlite://{}", path.display());
-    let store = StoreProcess::start_with(&url, &dir, &["--request-timeout", "1s"]);
-    let config = ClientConfig { endpoint: store.endpoint(), ..Default::default() };
+    let (dir, url, store, config) = sqlite_store("limits-timeout", &["--request-timeout", "1s"]);
     let mut client = gantry_client::connect(&config).await.unwrap();
-    let gateway = |name: &str| Gateway {
-        metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
-        spec: Some(GatewaySpec { image: "ghcr.io/acme/gw:1".into(), ..Default::default() }),
-        status: None,
-    };
 
     let mut locker = sqlx::SqliteConnection::connect(&url).await.unwrap();
     sqlx::query("BEGIN EXCLUSIVE").execute(&mut locker).await.unwrap();

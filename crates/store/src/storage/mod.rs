@@ -178,12 +178,10 @@ pub(crate) fn decode_event(
     Ok(Arc::new(Event { revision, kind, gateway: Arc::new(decode(name, object)?), prev_labels }))
 }
 
-/// SQL shared by both backends (`$N` placeholders work on SQLite too).
+/// SQL shared by both backends (`$N` placeholders work on SQLite too);
+/// each backend keeps the statements only it runs.
 pub(crate) mod sql {
     pub const SELECT_OBJECT: &str = "SELECT object FROM gateways WHERE name = $1";
-    /// Rows of a JSON array of names (SQLite has no array parameters).
-    pub const SELECT_ROWS_JSON: &str =
-        "SELECT name, object FROM gateways WHERE name IN (SELECT value FROM json_each($1))";
     /// Locks the revision row for the batch (a plain SELECT would not on
     /// PostgreSQL) and reads it. Every writer takes it first, so writers
     /// serialize on it and rows need no locks of their own.
@@ -191,15 +189,6 @@ pub(crate) mod sql {
         "UPDATE store_revision SET revision = revision WHERE id = 1 RETURNING revision";
     pub const SET_REVISION: &str = "UPDATE store_revision SET revision = $1 WHERE id = 1";
     pub const CURRENT_REVISION: &str = "SELECT revision FROM store_revision WHERE id = 1";
-    /// Inserts nothing when the name is taken: see [`super::changed_behind_our_back`].
-    pub const INSERT: &str = "INSERT INTO gateways \
-        (name, uid, generation, observed_generation, resource_version, deleting, object) \
-        VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (name) DO NOTHING";
-    pub const UPDATE: &str = "UPDATE gateways SET uid = $2, generation = $3, \
-        observed_generation = $4, resource_version = $5, deleting = $6, object = $7 WHERE name = $1";
-    pub const DELETE: &str = "DELETE FROM gateways WHERE name = $1";
-    pub const INSERT_EVENT: &str = "INSERT INTO gateway_events \
-        (revision, event_type, name, object, created_at_ms, prev_labels) VALUES ($1, $2, $3, $4, $5, $6)";
     pub const LIST: &str =
         "SELECT name, object FROM gateways WHERE name > $1 ORDER BY name LIMIT $2";
     pub const COMPACTED_REVISION: &str = "SELECT revision FROM store_compaction WHERE id = 1";
@@ -217,23 +206,36 @@ pub(crate) mod sql {
 /// A stored row as a batch read it: the object, or why it does not decode.
 pub(crate) type StoredRow = Result<Gateway, String>;
 
-/// What a batch leaves in one row it changed.
+/// A row a batch changed.
 #[derive(Debug)]
 pub(crate) struct RowWrite {
     pub name: String,
     /// The row existed before the batch: UPDATE or DELETE, not INSERT.
     pub existed: bool,
-    /// The object to store and its encoding; `None` deletes the row.
-    pub after: Option<(Gateway, Vec<u8>)>,
+    /// Index in [`BatchPlan::events`] of the row's last change.
+    last: usize,
 }
 
-impl RowWrite {
-    /// The columns of an INSERT or UPDATE:
-    /// `(uid, generation, observed_generation, resource_version, deleting)`.
-    pub fn columns(gateway: &Gateway) -> (String, i64, i64, i64, bool) {
-        let meta = gateway.metadata.clone().unwrap_or_default();
-        let observed = gateway.status.as_ref().map_or(0, |s| s.observed_generation);
-        (meta.uid, meta.generation, observed, meta.resource_version, meta.delete_time.is_some())
+/// The indexed columns of a stored row besides its name and object.
+#[derive(Debug)]
+pub(crate) struct RowColumns<'a> {
+    pub uid: &'a str,
+    pub generation: i64,
+    pub observed_generation: i64,
+    pub resource_version: i64,
+    pub deleting: bool,
+}
+
+impl<'a> RowColumns<'a> {
+    pub fn of(gateway: &'a Gateway) -> Self {
+        let meta = gateway.metadata.as_ref();
+        Self {
+            uid: meta.map_or("", |m| m.uid.as_str()),
+            generation: meta.map_or(0, |m| m.generation),
+            observed_generation: gateway.status.as_ref().map_or(0, |s| s.observed_generation),
+            resource_version: meta.map_or(0, |m| m.resource_version),
+            deleting: meta.is_some_and(|m| m.delete_time.is_some()),
+        }
     }
 }
 
@@ -248,6 +250,15 @@ pub(crate) struct BatchPlan {
     pub revision: i64,
 }
 
+impl BatchPlan {
+    /// What to store in `row`: the object and its encoding, or `None` when
+    /// its last change removed it.
+    pub fn after(&self, row: &RowWrite) -> Option<(&Gateway, &[u8])> {
+        let (event, bytes) = &self.events[row.last];
+        (event.kind != EventType::Deleted).then(|| (event.gateway.as_ref(), bytes.as_slice()))
+    }
+}
+
 /// Runs the writes' rules in order over the rows the batch read (`stored`,
 /// by name; absent means no row), each write seeing the ones before it.
 /// Every change gets the next revision after `base`; a write its rule
@@ -258,14 +269,17 @@ pub(crate) fn plan_batch(
     writes: Vec<PendingWrite>,
     base: i64,
 ) -> BatchPlan {
-    // Names changed so far, with their state after the batch's writes.
-    let mut current: BTreeMap<String, Option<(Gateway, Vec<u8>)>> = BTreeMap::new();
+    // Names changed so far, with the index of their last event.
+    let mut last_change: BTreeMap<String, usize> = BTreeMap::new();
     let mut results = Vec::with_capacity(writes.len());
-    let mut events = Vec::new();
+    let mut events: Vec<(Arc<Event>, Vec<u8>)> = Vec::new();
     let mut revision = base;
     for PendingWrite { name, mutation } in writes {
-        let state = match current.get(&name) {
-            Some(after) => after.as_ref().map(|(g, _)| g),
+        let state = match last_change.get(&name) {
+            Some(&i) => {
+                let event = &events[i].0;
+                (event.kind != EventType::Deleted).then_some(event.gateway.as_ref())
+            }
             None => match stored.get(&name) {
                 Some(Ok(g)) => Some(g),
                 Some(Err(reason)) => {
@@ -294,17 +308,17 @@ pub(crate) fn plan_batch(
         let bytes = gateway.encode_to_vec();
         let event =
             Arc::new(Event { revision, kind, gateway: Arc::new(gateway.clone()), prev_labels });
-        let after = (kind != EventType::Deleted).then(|| (gateway.clone(), bytes.clone()));
-        current.insert(name, after);
+        last_change.insert(name, events.len());
         events.push((event.clone(), bytes));
         results.push(Ok(Committed { gateway, event: Some(event) }));
     }
-    let rows = current
+    let rows = last_change
         .into_iter()
-        .filter_map(|(name, after)| {
+        .filter_map(|(name, last)| {
             let existed = stored.contains_key(&name);
             // Created and removed within the batch: no row to touch.
-            (existed || after.is_some()).then_some(RowWrite { name, existed, after })
+            let removed = events[last].0.kind == EventType::Deleted;
+            (existed || !removed).then_some(RowWrite { name, existed, last })
         })
         .collect();
     BatchPlan { results, rows, events, revision }
@@ -470,16 +484,16 @@ mod tests {
             .iter()
             .map(|r| {
                 let image =
-                    r.after.as_ref().and_then(|(g, _)| g.spec.as_ref()).map(|s| s.image.as_str());
+                    plan.after(r).and_then(|(g, _)| g.spec.as_ref()).map(|s| s.image.as_str());
                 (r.name.as_str(), r.existed, image)
             })
             .collect();
         // "old" was removed and created again: its row is updated, not
         // deleted and inserted.
         assert_eq!(rows, [("new", false, Some("b")), ("old", true, Some("v2"))]);
-        let (stored_new, bytes) = plan.rows[0].after.as_ref().unwrap();
+        let (stored_new, bytes) = plan.after(&plan.rows[0]).unwrap();
         assert_eq!(stored_new.metadata.as_ref().unwrap().resource_version, 12);
-        assert_eq!(Gateway::decode(bytes.as_slice()).unwrap(), *stored_new);
+        assert_eq!(Gateway::decode(bytes).unwrap(), *stored_new);
     }
 
     #[test]

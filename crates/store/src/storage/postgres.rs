@@ -27,7 +27,7 @@ use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use super::{
     batch_names, changed_behind_our_back, compact_in, decode, encode_labels, events_after_in,
     list_in, now_ms, plan_batch, sql, stored_rows, Committed, Event, PendingWrite, Retention,
-    RowWrite, Snapshot, Storage, StorageError,
+    RowColumns, Snapshot, Storage, StorageError,
 };
 
 const SELECT_ROWS: &str = "SELECT name, object FROM gateways WHERE name = ANY($1)";
@@ -97,11 +97,11 @@ impl Storage for PostgresStorage {
             // Nothing changed: the dropped transaction rolls back.
             return Ok(plan.results);
         }
-        let (mut updates, mut inserts) = (RowColumns::default(), RowColumns::default());
+        let (mut updates, mut inserts) = (ColumnArrays::default(), ColumnArrays::default());
         let mut deletes = Vec::new();
         for row in &plan.rows {
-            match (&row.after, row.existed) {
-                (None, _) => deletes.push(row.name.clone()),
+            match (plan.after(row), row.existed) {
+                (None, _) => deletes.push(row.name.as_str()),
                 (Some(after), true) => updates.push(&row.name, after),
                 (Some(after), false) => inserts.push(&row.name, after),
             }
@@ -126,8 +126,8 @@ impl Storage for PostgresStorage {
         sqlx::query(INSERT_EVENTS)
             .bind(events.iter().map(|(e, _)| e.revision).collect::<Vec<_>>())
             .bind(events.iter().map(|(e, _)| e.kind as i32).collect::<Vec<_>>())
-            .bind(events.iter().map(|(e, _)| e.name().to_string()).collect::<Vec<_>>())
-            .bind(events.iter().map(|(_, bytes)| bytes.clone()).collect::<Vec<_>>())
+            .bind(events.iter().map(|(e, _)| e.name()).collect::<Vec<_>>())
+            .bind(events.iter().map(|(_, bytes)| bytes.as_slice()).collect::<Vec<_>>())
             .bind(vec![now; events.len()])
             .bind(
                 events
@@ -201,26 +201,26 @@ impl Storage for PostgresStorage {
 
 /// Row columns as arrays, for one `UNNEST` statement.
 #[derive(Debug, Default)]
-struct RowColumns {
-    names: Vec<String>,
-    uids: Vec<String>,
+struct ColumnArrays<'a> {
+    names: Vec<&'a str>,
+    uids: Vec<&'a str>,
     generations: Vec<i64>,
     observed: Vec<i64>,
     resource_versions: Vec<i64>,
     deleting: Vec<bool>,
-    objects: Vec<Vec<u8>>,
+    objects: Vec<&'a [u8]>,
 }
 
-impl RowColumns {
-    fn push(&mut self, name: &str, (gateway, bytes): &(Gateway, Vec<u8>)) {
-        let (uid, generation, observed, resource_version, deleting) = RowWrite::columns(gateway);
-        self.names.push(name.to_string());
-        self.uids.push(uid);
-        self.generations.push(generation);
-        self.observed.push(observed);
-        self.resource_versions.push(resource_version);
-        self.deleting.push(deleting);
-        self.objects.push(bytes.clone());
+impl<'a> ColumnArrays<'a> {
+    fn push(&mut self, name: &'a str, (gateway, bytes): (&'a Gateway, &'a [u8])) {
+        let columns = RowColumns::of(gateway);
+        self.names.push(name);
+        self.uids.push(columns.uid);
+        self.generations.push(columns.generation);
+        self.observed.push(columns.observed_generation);
+        self.resource_versions.push(columns.resource_version);
+        self.deleting.push(columns.deleting);
+        self.objects.push(bytes);
     }
 
     fn bind<'q>(

@@ -16,8 +16,21 @@ use sqlx::sqlite::{
 use super::{
     batch_names, changed_behind_our_back, compact_in, decode, encode_labels, events_after_in,
     list_in, now_ms, plan_batch, sql, stored_rows, Committed, Event, PendingWrite, Retention,
-    RowWrite, Snapshot, Storage, StorageError,
+    RowColumns, Snapshot, Storage, StorageError,
 };
+
+/// Rows of a JSON array of names (SQLite has no array parameters).
+const SELECT_ROWS: &str =
+    "SELECT name, object FROM gateways WHERE name IN (SELECT value FROM json_each($1))";
+/// Inserts nothing when the name is taken: see [`changed_behind_our_back`].
+const INSERT: &str = "INSERT INTO gateways \
+    (name, uid, generation, observed_generation, resource_version, deleting, object) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (name) DO NOTHING";
+const UPDATE: &str = "UPDATE gateways SET uid = $2, generation = $3, \
+    observed_generation = $4, resource_version = $5, deleting = $6, object = $7 WHERE name = $1";
+const DELETE: &str = "DELETE FROM gateways WHERE name = $1";
+const INSERT_EVENT: &str = "INSERT INTO gateway_events \
+    (revision, event_type, name, object, created_at_ms, prev_labels) VALUES ($1, $2, $3, $4, $5, $6)";
 
 /// Gateways in a SQLite file.
 #[derive(Debug, Clone)]
@@ -74,26 +87,25 @@ impl Storage for SqliteStorage {
         let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
         let (base,): (i64,) = sqlx::query_as(sql::LOCK_REVISION).fetch_one(&mut *tx).await?;
         let names = serde_json::Value::from(batch_names(&writes)).to_string();
-        let rows = sqlx::query_as(sql::SELECT_ROWS_JSON).bind(names).fetch_all(&mut *tx).await?;
+        let rows = sqlx::query_as(SELECT_ROWS).bind(names).fetch_all(&mut *tx).await?;
         let plan = plan_batch(&stored_rows(rows), writes, base);
         if plan.revision == base {
             // Nothing changed: the dropped transaction rolls back.
             return Ok(plan.results);
         }
         for row in &plan.rows {
-            let query = match &row.after {
-                None => sqlx::query(sql::DELETE).bind(&row.name),
+            let query = match plan.after(row) {
+                None => sqlx::query(DELETE).bind(&row.name),
                 Some((gateway, bytes)) => {
-                    let (uid, generation, observed, resource_version, deleting) =
-                        RowWrite::columns(gateway);
-                    sqlx::query(if row.existed { sql::UPDATE } else { sql::INSERT })
+                    let columns = RowColumns::of(gateway);
+                    sqlx::query(if row.existed { UPDATE } else { INSERT })
                         .bind(&row.name)
-                        .bind(uid)
-                        .bind(generation)
-                        .bind(observed)
-                        .bind(resource_version)
-                        .bind(deleting)
-                        .bind(bytes.as_slice())
+                        .bind(columns.uid)
+                        .bind(columns.generation)
+                        .bind(columns.observed_generation)
+                        .bind(columns.resource_version)
+                        .bind(columns.deleting)
+                        .bind(bytes)
                 }
             };
             if query.execute(&mut *tx).await?.rows_affected() != 1 {
@@ -102,7 +114,7 @@ impl Storage for SqliteStorage {
         }
         let now = now_ms();
         for (event, bytes) in &plan.events {
-            sqlx::query(sql::INSERT_EVENT)
+            sqlx::query(INSERT_EVENT)
                 .bind(event.revision)
                 .bind(event.kind as i32)
                 .bind(event.name())
