@@ -344,6 +344,7 @@ impl TempPostgres {
         }
     }
 }
+pub mod k8s;
 pub mod linearizability;
 
 /// Replays the history from the first revision up to `until` and returns

@@ -28,6 +28,18 @@ pub fn dns1123_label(s: &str) -> Check {
     }
 }
 
+/// An RFC 1035 label: an RFC 1123 label that starts with a letter. Service
+/// names must be one, and gantry names a gateway's Service after it.
+pub fn dns1035_label(s: &str) -> Check {
+    if dns1123_label(s).is_ok() && s.starts_with(|c: char| c.is_ascii_lowercase()) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{s:?} is not an RFC 1035 label: lowercase letters, digits and '-', starting with a letter and ending with a letter or digit, at most 63 characters"
+        ))
+    }
+}
+
 /// An RFC 1123 subdomain: dot-separated labels, at most 253 characters.
 pub fn dns1123_subdomain(s: &str) -> Check {
     let ok = !s.is_empty() && s.len() <= 253 && s.split('.').all(|l| dns1123_label(l).is_ok());
@@ -260,6 +272,57 @@ pub fn quantity(s: &str) -> Check {
     }
 }
 
+/// The value of a quantity that [`quantity`] accepts, in billionths
+/// (rounded up, as Kubernetes rounds to nano precision), saturating at
+/// `i128::MAX`; `None` when it is not a quantity.
+pub fn quantity_nanos(s: &str) -> Option<i128> {
+    quantity(s).ok()?;
+    let body = s.strip_prefix('+').unwrap_or(s);
+    let end = body.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(body.len());
+    let (number, suffix) = body.split_at(end);
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    let (binary, mut exponent): (u32, i32) = match suffix {
+        "Ki" => (10, 0),
+        "Mi" => (20, 0),
+        "Gi" => (30, 0),
+        "Ti" => (40, 0),
+        "Pi" => (50, 0),
+        "Ei" => (60, 0),
+        "n" => (0, -9),
+        "u" => (0, -6),
+        "m" => (0, -3),
+        "" => (0, 0),
+        "k" => (0, 3),
+        "M" => (0, 6),
+        "G" => (0, 9),
+        "T" => (0, 12),
+        "P" => (0, 15),
+        "E" => (0, 18),
+        e => (0, e[1..].parse().ok()?),
+    };
+    // digits * 10^(exponent - fraction digits + 9) * 2^binary
+    exponent = exponent + 9 - i32::try_from(fraction.len()).ok()?;
+    let mut value: i128 = 0;
+    for d in whole.bytes().chain(fraction.bytes()) {
+        value = match value.checked_mul(10).and_then(|v| v.checked_add(i128::from(d - b'0'))) {
+            Some(v) => v,
+            None => return Some(i128::MAX),
+        };
+    }
+    value = value.checked_mul(1i128 << binary).unwrap_or(i128::MAX);
+    if exponent >= 0 {
+        Some(10i128.checked_pow(exponent.unsigned_abs()).and_then(|p| value.checked_mul(p)).map_or(
+            if value == 0 { 0 } else { i128::MAX },
+            |v| v,
+        ))
+    } else {
+        Some(match 10i128.checked_pow(exponent.unsigned_abs()) {
+            Some(p) => value / p + i128::from(value % p != 0),
+            None => i128::from(value != 0),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -271,6 +334,10 @@ mod tests {
         assert!(dns1123_label(&"a".repeat(64)).is_err());
         for bad in ["", "-a", "a-", "Edge", "a_b", "a.b", "é"] {
             assert!(dns1123_label(bad).is_err(), "{bad}");
+        }
+        assert!(dns1035_label("edge-1").is_ok());
+        for bad in ["1edge", "0", "-a", "Edge", ""] {
+            assert!(dns1035_label(bad).is_err(), "{bad}");
         }
         assert!(dns1123_subdomain("api.example.com").is_ok());
         assert!(dns1123_subdomain("api..example.com").is_err());
@@ -338,5 +405,21 @@ mod tests {
         assert!(config_key("app.yaml").is_ok());
         assert!(config_key("..").is_err());
         assert!(config_key("a/b").is_err());
+    }
+
+    #[test]
+    fn quantities_compare_by_value() {
+        let n = |s: &str| quantity_nanos(s).unwrap();
+        assert_eq!(n("100m"), n("0.1"));
+        assert_eq!(n("1Gi"), n("1073741824"));
+        assert_eq!(n("1k"), n("1e3"));
+        assert_eq!(n("1500m"), n("1.5"));
+        assert_eq!(n("1n"), 1);
+        assert_eq!(n("1e-12"), 1, "rounded up to nano precision");
+        assert!(n("129Mi") > n("128M"));
+        assert!(n("250m") < n("1"));
+        assert_eq!(n("0"), 0);
+        assert_eq!(n("1e999"), i128::MAX);
+        assert_eq!(quantity_nanos("lots"), None);
     }
 }

@@ -38,7 +38,14 @@ pub const RESOURCE_NAMES: [&str; 3] = ["cpu", "memory", "ephemeral-storage"];
 /// Field path prefix of the Gateway in every request.
 pub const GATEWAY: &str = "gateway";
 
-/// Checks the object name.
+/// Checks the name of a new gateway: an RFC 1035 label, because its
+/// Service is named after it.
+pub fn validate_new_name(field: &str, name: &str) -> Result<(), crate::RuleError> {
+    syntax::dns1035_label(name).map_err(|d| crate::RuleError::invalid(field, d))
+}
+
+/// Checks a name to look up (RFC 1123 label, so that gateways created
+/// before names had to start with a letter can still be read and deleted).
 pub fn validate_name(field: &str, name: &str) -> Result<(), crate::RuleError> {
     syntax::dns1123_label(name).map_err(|d| crate::RuleError::invalid(field, d))
 }
@@ -93,7 +100,7 @@ pub fn validate_finalizers(v: &mut Violations, finalizers: &[String]) {
 
 /// Checks the writable metadata of a Gateway.
 pub fn validate_metadata(v: &mut Violations, meta: &ObjectMeta) {
-    check(v, || "gateway.metadata.name".into(), syntax::dns1123_label(&meta.name));
+    check(v, || "gateway.metadata.name".into(), syntax::dns1035_label(&meta.name));
     validate_labels(v, &meta.labels);
     validate_annotations(v, &meta.annotations);
     validate_finalizers(v, &meta.finalizers);
@@ -210,6 +217,19 @@ pub fn validate_spec(v: &mut Violations, spec: Option<&GatewaySpec>) {
                 }
             }
         }
+        // As the API server: a container's request may not exceed its limit.
+        for (name, request) in &resources.requests {
+            let Some(limit) = resources.limits.get(name) else { continue };
+            if let (Some(r), Some(l)) = (syntax::quantity_nanos(request), syntax::quantity_nanos(limit))
+            {
+                if r > l {
+                    v.push(
+                        format!("gateway.spec.resources.requests[{name:?}]"),
+                        format!("{request:?} must be less than or equal to the {name} limit {limit:?}"),
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -280,6 +300,32 @@ mod tests {
                 "gateway.spec.resources.limits[\"cpu\"]",
             ]
         );
+    }
+
+    #[test]
+    fn requests_may_not_exceed_limits() {
+        let resources = |request: &str, limit: &str| GatewaySpec {
+            resources: Some(ResourceRequirements {
+                requests: [("cpu".to_string(), request.to_string())].into(),
+                limits: [("cpu".to_string(), limit.to_string())].into(),
+            }),
+            ..spec()
+        };
+        assert_eq!(fields(&resources("2", "500m")), ["gateway.spec.resources.requests[\"cpu\"]"]);
+        assert!(fields(&resources("500m", "0.5")).is_empty());
+        assert!(fields(&resources("100m", "1")).is_empty());
+    }
+
+    #[test]
+    fn new_names_start_with_a_letter() {
+        assert!(validate_new_name("gateway.metadata.name", "edge-1").is_ok());
+        let err = validate_new_name("gateway.metadata.name", "1edge").unwrap_err();
+        assert_eq!(err.field(), Some("gateway.metadata.name"));
+        // Looked up, an older name that starts with a digit is still valid.
+        assert!(validate_name("name", "1edge").is_ok());
+        let mut v = Violations::default();
+        validate_metadata(&mut v, &ObjectMeta { name: "1edge".into(), ..Default::default() });
+        assert_eq!(v.into_result().unwrap_err().field(), Some("gateway.metadata.name"));
     }
 
     #[test]

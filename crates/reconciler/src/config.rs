@@ -111,6 +111,12 @@ pub struct Config {
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
 
+    /// How long a rollout may make no progress before its Deployment reports
+    /// ProgressDeadlineExceeded and the gateway turns DEGRADED (whole
+    /// seconds, at least 1s).
+    #[arg(long, env = "GANTRY_PROGRESS_DEADLINE", default_value = "10m", value_parser = parse_progress_deadline)]
+    pub progress_deadline: Duration,
+
     /// Supervisor image for gateways that do not name one.
     #[arg(
         long,
@@ -126,4 +132,14 @@ pub struct Config {
     /// Log filter, in tracing's EnvFilter syntax.
     #[arg(long, env = "GANTRY_LOG", default_value = "info")]
     pub log_level: String,
+}
+
+/// A progress deadline: whole seconds, at least one (the API server refuses
+/// zero, and fractions cannot be expressed).
+fn parse_progress_deadline(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d.as_secs() == 0 || d.subsec_nanos() != 0 || i32::try_from(d.as_secs()).is_err() {
+        return Err(format!("{text:?}: give whole seconds, at least 1s"));
+    }
+    Ok(d)
 }

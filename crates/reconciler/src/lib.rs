@@ -68,6 +68,7 @@ pub fn settings(config: &Config) -> Settings {
         render: RenderSettings {
             namespace: config.namespace.clone(),
             default_supervisor_image: config.supervisor_image.clone(),
+            progress_deadline: config.progress_deadline,
         },
         policy: RecoveryPolicy {
             budget: config.retry_budget,

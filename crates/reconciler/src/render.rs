@@ -41,6 +41,8 @@ pub struct RenderSettings {
     pub namespace: String,
     /// Supervisor image when the spec leaves it empty.
     pub default_supervisor_image: String,
+    /// The Deployment's `progressDeadlineSeconds`.
+    pub progress_deadline: std::time::Duration,
 }
 
 impl Default for RenderSettings {
@@ -48,6 +50,7 @@ impl Default for RenderSettings {
         Self {
             namespace: "default".into(),
             default_supervisor_image: "ghcr.io/gantry-dev/supervisor:0.1.0".into(),
+            progress_deadline: std::time::Duration::from_secs(600),
         }
     }
 }
@@ -157,7 +160,7 @@ pub fn render(gateway: &Gateway, settings: &RenderSettings) -> Rendered {
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": selector},
-            "progressDeadlineSeconds": 600,
+            "progressDeadlineSeconds": settings.progress_deadline.as_secs(),
             "template": {
                 "metadata": {"labels": pod_labels},
                 "spec": {

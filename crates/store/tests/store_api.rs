@@ -494,6 +494,22 @@ async fn invalid_requests_name_the_field(store: &TestStore) {
     let mut c = store.client(EDITOR).await;
     let cases: Vec<(Gateway, &str)> = vec![
         (gateway("Bad_Name", "gw:1"), "gateway.metadata.name"),
+        // Its Service is named after it: an RFC 1035 label.
+        (gateway("1edge", "gw:1"), "gateway.metadata.name"),
+        (
+            Gateway {
+                spec: Some(GatewaySpec {
+                    image: "gw".into(),
+                    resources: Some(gantry_api::v1::ResourceRequirements {
+                        requests: [("memory".to_string(), "1Gi".to_string())].into(),
+                        limits: [("memory".to_string(), "512Mi".to_string())].into(),
+                    }),
+                    ..Default::default()
+                }),
+                ..gateway("edge", "")
+            },
+            "gateway.spec.resources.requests[\"memory\"]",
+        ),
         (gateway("edge", "Not An Image"), "gateway.spec.image"),
         (gateway("edge", ""), "gateway.spec.image"),
         (

@@ -33,9 +33,12 @@ pub const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 pub struct KubeTarget {
     client: Client,
     namespace: String,
-    /// Deployment generation after our last apply, per gateway: a different
-    /// live generation means someone changed the spec.
-    applied_generation: Mutex<HashMap<String, i64>>,
+    /// The Deployment as our last apply left it, per gateway: a different
+    /// live spec means someone changed it. (Its generation alone cannot
+    /// tell: the API server also bumps it when annotations change, as the
+    /// deployment controller's revision annotation does after every
+    /// rollout.)
+    applied: Mutex<HashMap<String, Applied>>,
     /// Owned objects that exist, as the watches of every owned kind see
     /// them: a rendered object missing here was deleted out of band.
     present: Arc<Mutex<Present>>,
@@ -55,10 +58,22 @@ struct Present {
     deployments: HashMap<String, DeploymentView>,
 }
 
+/// What the reconciler remembers of a Deployment it applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Applied {
+    /// Its generation: a cached copy older than this is stale.
+    generation: i64,
+    /// Hash of its `spec` as the API server returned it.
+    spec_hash: u64,
+}
+
 /// The part of a live Deployment the reconciler looks at.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct DeploymentView {
     generation: Option<i64>,
+    /// Hash of `spec` (with the server's defaults), to tell drift apart
+    /// from metadata-only changes.
+    spec_hash: u64,
     /// The rendered fingerprint carried by the pod template.
     fingerprint: Option<String>,
     workload: Workload,
@@ -73,8 +88,15 @@ impl DeploymentView {
             .and_then(|m| m.annotations.as_ref())
             .and_then(|a| a.get(crate::render::ANNOTATION_FINGERPRINT))
             .cloned();
+        let spec = serde_json::to_vec(&deployment.spec).unwrap_or_default();
         DeploymentView {
             generation: deployment.metadata.generation,
+            spec_hash: {
+                use std::hash::{Hash, Hasher};
+                let mut hasher = std::collections::hash_map::DefaultHasher::new();
+                spec.hash(&mut hasher);
+                hasher.finish()
+            },
             fingerprint,
             workload: rollout(deployment),
         }
@@ -183,12 +205,43 @@ async fn delete_object(
     bounded(what, call).await
 }
 
+/// Whether the API server refused a change to a field that cannot change
+/// once set (such as a Deployment's `spec.selector`).
+fn is_immutable_change(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 422 && s.message.contains("field is immutable"))
+}
+
+/// Server-side applies `manifest`; when the live object differs in a field
+/// that cannot change, deletes it and applies again, as
+/// `kubectl apply --force` does (retrying the same apply would fail
+/// forever).
+async fn apply_or_recreate(
+    api: &Api<DynamicObject>,
+    kind: &str,
+    name: &str,
+    manifest: &Value,
+) -> Result<DynamicObject, TargetError> {
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let what = format!("apply {kind} {name}");
+    match tokio::time::timeout(CALL_TIMEOUT, api.patch(name, &params, &Patch::Apply(manifest)))
+        .await
+    {
+        Ok(Err(e)) if is_immutable_change(&e) => {
+            tracing::warn!(kind, name, error = %describe(&e), "an immutable field differs; recreating the object");
+            delete_object(api, &format!("recreate {kind} {name}"), name).await?;
+            bounded(&what, api.patch(name, &params, &Patch::Apply(manifest))).await
+        }
+        Ok(result) => result.map_err(|e| TargetError(format!("{what}: {}", describe(&e)))),
+        Err(_) => Err(TargetError(format!("{what}: no answer within {CALL_TIMEOUT:?}"))),
+    }
+}
+
 impl KubeTarget {
     pub fn new(client: Client, namespace: impl Into<String>) -> Self {
         Self {
             client,
             namespace: namespace.into(),
-            applied_generation: Mutex::default(),
+            applied: Mutex::default(),
             present: Arc::default(),
         }
     }
@@ -197,17 +250,19 @@ impl KubeTarget {
         Api::namespaced_with(self.client.clone(), &self.namespace, &api_resource(api_version, kind))
     }
 
-    fn remember(&self, gateway: &str, generation: Option<i64>) {
-        let mut map =
-            self.applied_generation.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        match generation {
-            Some(g) => map.insert(gateway.to_string(), g),
+    fn remember(&self, gateway: &str, deployment: Option<&DeploymentView>) {
+        let mut map = self.applied.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match deployment {
+            Some(d) => map.insert(
+                gateway.to_string(),
+                Applied { generation: d.generation.unwrap_or(0), spec_hash: d.spec_hash },
+            ),
             None => map.remove(gateway),
         };
     }
 
-    fn remembered(&self, gateway: &str) -> Option<i64> {
-        self.applied_generation
+    fn remembered(&self, gateway: &str) -> Option<Applied> {
+        self.applied
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(gateway)
@@ -224,7 +279,9 @@ impl KubeTarget {
         }
         let applied = self.remembered(gateway);
         match (present.deployments.get(gateway), applied) {
-            (Some(view), Some(applied)) if view.generation.unwrap_or(0) < applied => None,
+            (Some(view), Some(applied)) if view.generation.unwrap_or(0) < applied.generation => {
+                None
+            }
             (Some(view), _) => Some(Some(view.clone())),
             (None, None) => Some(None),
             (None, Some(_)) => None,
@@ -258,6 +315,12 @@ pub fn rollout(deployment: &Deployment) -> Workload {
     let Some(status) = &deployment.status else {
         return Workload::Progressing { message: "waiting for the deployment controller".into() };
     };
+    // As `kubectl rollout status`: a condition describes the generation the
+    // controller observed, so nothing counts until it caught up (a stalled
+    // rollout that was just fixed is progressing again, not stalled).
+    if status.observed_generation.unwrap_or(0) < generation {
+        return Workload::Progressing { message: "waiting for the rollout to start".into() };
+    }
     if let Some(c) = status.conditions.iter().flatten().find(|c| c.type_ == "Progressing") {
         if c.reason.as_deref() == Some("ProgressDeadlineExceeded") {
             return Workload::Stalled {
@@ -268,9 +331,6 @@ pub fn rollout(deployment: &Deployment) -> Workload {
                     .unwrap_or_else(|| "the rollout exceeded its progress deadline".into()),
             };
         }
-    }
-    if status.observed_generation.unwrap_or(0) < generation {
-        return Workload::Progressing { message: "waiting for the rollout to start".into() };
     }
     let updated = status.updated_replicas.unwrap_or(0);
     let available = status.available_replicas.unwrap_or(0);
@@ -348,7 +408,6 @@ fn track(
 #[tonic::async_trait]
 impl Target for KubeTarget {
     async fn apply(&self, gateway: &str, manifests: &[Value]) -> Result<(), TargetError> {
-        let params = PatchParams::apply(FIELD_MANAGER).force();
         let mut rendered_kinds = Vec::new();
         for manifest in manifests {
             let (api_version, kind) = (
@@ -357,13 +416,10 @@ impl Target for KubeTarget {
             );
             let name = manifest["metadata"]["name"].as_str().unwrap_or("");
             let api = self.api(api_version, kind);
-            let applied = bounded(
-                &format!("apply {kind} {name}"),
-                api.patch(name, &params, &Patch::Apply(manifest)),
-            )
-            .await?;
+            let applied = apply_or_recreate(&api, kind, name, manifest).await?;
             if kind == "Deployment" {
-                self.remember(gateway, applied.metadata.generation);
+                let view = applied.try_parse::<Deployment>().ok().map(|d| DeploymentView::of(&d));
+                self.remember(gateway, view.as_ref());
             }
             rendered_kinds.push(kind.to_string());
         }
@@ -442,14 +498,13 @@ impl Target for KubeTarget {
                 drifted: true,
             });
         };
-        let live_generation = deployment.generation;
         let drifted = match self.remembered(gateway) {
-            Some(applied) => live_generation != Some(applied),
+            Some(applied) => deployment.spec_hash != applied.spec_hash,
             // After a restart nothing is remembered: compare what we render.
             None => {
                 let current = deployment.fingerprint.as_ref() == Some(&rendered.fingerprint);
                 if current {
-                    self.remember(gateway, live_generation);
+                    self.remember(gateway, Some(&deployment));
                 }
                 !current
             }

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Sets up what gantry's tests need beyond Rust, idempotently:
+#
+#   postgres   PostgreSQL 15 from Debian's packages, on 127.0.0.1:5432 with
+#              trust auth for local TCP and a database `test` (needs root).
+#   k8s        etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
+#              kubectl and kwok
+#              built from the Go modules pinned in tests/k8s/tools/*/go.mod,
+#              into a cache outside the clone keyed by those pins and the Go
+#              version; a second run finds them there and takes seconds.
+#   bin-dir    print the directory the k8s binaries are (or would be) in, and
+#              build nothing; the Rust test harness asks this.
+#   all        postgres, then k8s (the default).
+#
+# Everything is fetched through Debian's packages and the Go module proxy.
+# GANTRY_K8S_CACHE moves the cache (default ~/.cache/gantry/k8s).
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+tools="$here/tools"
+export GOTOOLCHAIN=local
+export GOFLAGS="${GOFLAGS:--buildvcs=false}"
+
+# Kubernetes release built from tools/kube/go.mod; stamped into the binaries
+# so that /version and `kubectl version` tell the truth.
+kube_version() { grep -oE 'k8s.io/kubernetes v[0-9]+\.[0-9]+\.[0-9]+' "$tools/kube/go.mod" | head -n1 | cut -d' ' -f2; }
+
+bin_dir() {
+  local key
+  key="$( (cat "$tools"/*/go.mod "$tools"/*/go.sum; go env GOVERSION) | sha256sum | cut -c1-16)"
+  echo "${GANTRY_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gantry/k8s}/$(kube_version)-$key/bin"
+}
+
+setup_postgres() {
+  local cluster_version=15 hba conf
+  if ! command -v pg_ctlcluster >/dev/null || [ ! -d "/usr/lib/postgresql/$cluster_version" ]; then
+    echo "postgres: installing postgresql-$cluster_version from Debian's packages"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "postgresql-$cluster_version" postgresql-client >/dev/null
+  fi
+  if ! pg_lsclusters -h | awk '{print $1" "$2}' | grep -qx "$cluster_version main"; then
+    pg_createcluster "$cluster_version" main >/dev/null
+  fi
+  hba="/etc/postgresql/$cluster_version/main/pg_hba.conf"
+  conf="/etc/postgresql/$cluster_version/main/postgresql.conf"
+  if ! grep -q '^host all all 127.0.0.1/32 trust' "$hba"; then
+    # Tests connect as postgres over TCP without a password.
+    sed -i '/^host\s/d' "$hba"
+    printf 'host all all 127.0.0.1/32 trust\nhost all all ::1/128 trust\n' >>"$hba"
+    pg_ctlcluster "$cluster_version" main stop >/dev/null 2>&1 || true
+  fi
+  grep -q "^listen_addresses = '127.0.0.1'" "$conf" || echo "listen_addresses = '127.0.0.1'" >>"$conf"
+  grep -q '^max_connections = 400' "$conf" || echo 'max_connections = 400' >>"$conf"
+  if ! pg_isready -q -h 127.0.0.1 -p 5432; then
+    pg_ctlcluster --skip-systemctl-redirect "$cluster_version" main start
+  fi
+  for _ in $(seq 50); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.2; done
+  if ! psql -h 127.0.0.1 -U postgres -Atc "select 1 from pg_database where datname = 'test'" | grep -q 1; then
+    psql -h 127.0.0.1 -U postgres -qc 'create database test'
+  fi
+  echo "postgres: ready on 127.0.0.1:5432 (database test, trust auth)"
+}
+
+setup_k8s() {
+  local dir tmp version minor ldflags
+  dir="$(bin_dir)"
+  local missing=""
+  for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok; do
+    [ -x "$dir/$b" ] || missing="$missing $b"
+  done
+  if [ -z "$missing" ]; then
+    echo "k8s: binaries cached in $dir"
+    return
+  fi
+  command -v go >/dev/null || { echo "k8s: Go is needed to build the control plane (go 1.26)" >&2; exit 1; }
+  echo "k8s: building the control plane into $dir (cold: about 15 minutes on 2 cores)"
+  tmp="$dir.tmp.$$"
+  rm -rf "$tmp"
+  mkdir -p "$tmp"
+  version="$(kube_version)"
+  minor="$(echo "$version" | cut -d. -f2)"
+  ldflags="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags="$ldflags -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+  done
+  export CGO_ENABLED=0
+  (cd "$tools/etcd" && go build -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3)
+  (cd "$tools/kwok" && go build -trimpath -ldflags "-s -w" -o "$tmp/kwok" sigs.k8s.io/kwok/cmd/kwok)
+  (cd "$tools/kube" && go build -trimpath -ldflags "$ldflags" -o "$tmp/" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
+  rm -rf "$dir"
+  mv "$tmp" "$dir"
+  echo "k8s: built $(ls "$dir" | tr '\n' ' ')in $dir"
+}
+
+case "${1:-all}" in
+  postgres) setup_postgres ;;
+  k8s) setup_k8s ;;
+  bin-dir) bin_dir ;;
+  all) setup_postgres; setup_k8s ;;
+  *) echo "usage: $0 [all|postgres|k8s|bin-dir]" >&2; exit 2 ;;
+esac
