@@ -112,6 +112,7 @@ struct Certs {
     server_cert_pem: String,
     server_key_pem: String,
     service_account_key_pem: String,
+    service_account_public_pem: String,
 }
 
 fn certificates() -> Certs {
@@ -139,6 +140,7 @@ fn certificates() -> Certs {
         server_cert_pem: server.pem(),
         server_key_pem: server_key.serialize_pem(),
         service_account_key_pem: service_account_key.serialize_pem(),
+        service_account_public_pem: service_account_key.public_key_pem(),
     }
 }
 
@@ -171,6 +173,7 @@ impl ControlPlane {
         write(&path("apiserver.crt"), &certs.server_cert_pem);
         write(&path("apiserver.key"), &certs.server_key_pem);
         write(&path("sa.key"), &certs.service_account_key_pem);
+        write(&path("sa.pub"), &certs.service_account_public_pem);
         let admin_token = uuid::Uuid::new_v4().simple().to_string();
         let reconciler_token = uuid::Uuid::new_v4().simple().to_string();
         write(
@@ -235,7 +238,7 @@ impl ControlPlane {
                 "--authorization-mode=RBAC".into(),
                 "--anonymous-auth=false".into(),
                 "--service-account-issuer=https://kubernetes.default.svc".into(),
-                format!("--service-account-key-file={}", path("sa.key").display()),
+                format!("--service-account-key-file={}", path("sa.pub").display()),
                 format!("--service-account-signing-key-file={}", path("sa.key").display()),
                 "--service-cluster-ip-range=10.0.0.0/24".into(),
                 format!("--audit-policy-file={}", path("audit-policy.yaml").display()),
@@ -303,6 +306,9 @@ impl ControlPlane {
             &["get", "node", "kwok-node-0", "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"],
             |out| out == "True",
         );
+        // The API server taints a new node not-ready; the node lifecycle
+        // controller (not run: kwok nodes send no heartbeats) would lift it.
+        plane.kubectl(&["taint", "node", "kwok-node-0", "node.kubernetes.io/not-ready:NoSchedule-"]);
         eprintln!("control plane at {} ready in {:?}", plane.url, started.elapsed());
         plane
     }
@@ -516,6 +522,10 @@ impl Drop for ControlPlane {
         for child in &mut self.children {
             let _ = child.wait();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if std::thread::panicking() {
+            eprintln!("control plane logs kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
