@@ -303,12 +303,23 @@ impl ControlPlane {
         plane.wait_for(
             "the kwok node to be Ready",
             Duration::from_secs(60),
-            &["get", "node", "kwok-node-0", "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}"],
+            &[
+                "get",
+                "node",
+                "kwok-node-0",
+                "-o",
+                "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+            ],
             |out| out == "True",
         );
         // The API server taints a new node not-ready; the node lifecycle
         // controller (not run: kwok nodes send no heartbeats) would lift it.
-        plane.kubectl(&["taint", "node", "kwok-node-0", "node.kubernetes.io/not-ready:NoSchedule-"]);
+        plane.kubectl(&[
+            "taint",
+            "node",
+            "kwok-node-0",
+            "node.kubernetes.io/not-ready:NoSchedule-",
+        ]);
         eprintln!("control plane at {} ready in {:?}", plane.url, started.elapsed());
         plane
     }
@@ -486,12 +497,10 @@ impl ControlPlane {
     /// deploy/ rendered by kustomize: `base` or an overlay's name.
     pub fn render(&self, what: &str) -> Vec<Value> {
         let deploy = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy");
-        let dir = if what == "base" { deploy.join("base") } else { deploy.join("overlays").join(what) };
+        let dir =
+            if what == "base" { deploy.join("base") } else { deploy.join("overlays").join(what) };
         let text = self.kubectl(&["kustomize", &dir.display().to_string()]);
-        text.split("\n---\n")
-            .filter(|doc| !doc.trim().is_empty())
-            .map(yaml_to_json)
-            .collect()
+        text.split("\n---\n").filter(|doc| !doc.trim().is_empty()).map(yaml_to_json).collect()
     }
 
     /// Every audit event so far (JSON objects, `ResponseComplete` stage).

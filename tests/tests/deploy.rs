@@ -21,17 +21,9 @@ const OVERLAYS: [&str; 3] = ["postgres", "ha", "dev"];
 const USER_PROVIDED: [&str; 4] =
     ["gantry-store-tokens", "gantry-reconciler-token", "gantry-store-tls", "gantry-store-database"];
 
+/// The kubectl of the pinned Kubernetes release (tests/k8s/setup.sh).
 fn kubectl() -> Option<PathBuf> {
-    let found = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join("kubectl"))
-        .find(|p| p.is_file());
-    if found.is_none() {
-        assert!(std::env::var("CI").is_err(), "CI=true but kubectl is not installed");
-        eprintln!("SKIPPED: kubectl not found on PATH");
-    }
-    found
+    gantry_e2e::k8s::kubectl()
 }
 
 fn deploy_dir() -> PathBuf {
@@ -380,16 +372,6 @@ async fn the_role_grants_exactly_what_the_reconciler_calls() {
     })
     .await
     .unwrap();
-    // The Deployment watch's first list is slow, so the first rollout is
-    // observed with direct reads until that cache has synced: the path that
-    // needs `get` on Deployments.
-    kube.inject(gantry_kube_fake::FaultRule {
-        verb: Some("list".into()),
-        resource: Some("apps/deployments".into()),
-        action: gantry_kube_fake::FaultAction::Latency(Duration::from_secs(2)),
-        rate: 1.0,
-        remaining: Some(1),
-    });
     let kube_client =
         kube::Client::try_from(kube::Config::new(kube.url().parse().unwrap())).unwrap();
     let client = gantry_client::ClientConfig { endpoint: store.endpoint(), ..Default::default() }
@@ -477,12 +459,6 @@ async fn the_role_grants_exactly_what_the_reconciler_calls() {
         .await
         .unwrap();
     wait(0, true).await;
-    // The slowed Deployment list ends and its watch starts.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !kube.requests().iter().any(|r| r.verb == "watch" && r.resource == "apps/deployments") {
-        assert!(tokio::time::Instant::now() < deadline, "the Deployment watch never started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     stop_tx.send(true).unwrap();
     reconciler.await.unwrap();
     election.await.unwrap();

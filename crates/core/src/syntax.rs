@@ -311,10 +311,12 @@ pub fn quantity_nanos(s: &str) -> Option<i128> {
     }
     value = value.checked_mul(1i128 << binary).unwrap_or(i128::MAX);
     if exponent >= 0 {
-        Some(10i128.checked_pow(exponent.unsigned_abs()).and_then(|p| value.checked_mul(p)).map_or(
-            if value == 0 { 0 } else { i128::MAX },
-            |v| v,
-        ))
+        Some(
+            10i128
+                .checked_pow(exponent.unsigned_abs())
+                .and_then(|p| value.checked_mul(p))
+                .map_or(if value == 0 { 0 } else { i128::MAX }, |v| v),
+        )
     } else {
         Some(match 10i128.checked_pow(exponent.unsigned_abs()) {
             Some(p) => value / p + i128::from(value % p != 0),

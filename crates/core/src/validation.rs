@@ -220,12 +220,15 @@ pub fn validate_spec(v: &mut Violations, spec: Option<&GatewaySpec>) {
         // As the API server: a container's request may not exceed its limit.
         for (name, request) in &resources.requests {
             let Some(limit) = resources.limits.get(name) else { continue };
-            if let (Some(r), Some(l)) = (syntax::quantity_nanos(request), syntax::quantity_nanos(limit))
+            if let (Some(r), Some(l)) =
+                (syntax::quantity_nanos(request), syntax::quantity_nanos(limit))
             {
                 if r > l {
                     v.push(
                         format!("gateway.spec.resources.requests[{name:?}]"),
-                        format!("{request:?} must be less than or equal to the {name} limit {limit:?}"),
+                        format!(
+                            "{request:?} must be less than or equal to the {name} limit {limit:?}"
+                        ),
                     );
                 }
             }

@@ -46,17 +46,9 @@ spec:
         image: nginx:1.27
 "#;
 
+/// The kubectl of the pinned Kubernetes release (tests/k8s/setup.sh).
 fn kubectl_path() -> Option<PathBuf> {
-    let found = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|dir| dir.join("kubectl"))
-        .find(|p| p.is_file());
-    if found.is_none() {
-        assert!(std::env::var("CI").is_err(), "CI=true but kubectl is not installed");
-        eprintln!("SKIPPED: kubectl not found on PATH");
-    }
-    found
+    gantry_e2e::k8s::kubectl()
 }
 
 struct Server(Child);

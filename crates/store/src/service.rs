@@ -84,7 +84,8 @@ impl GatewayApi {
         let principal = self.authenticate(&request)?;
         let gateway = request.into_inner().gateway.ok_or_else(|| invalid("gateway", "required"))?;
         let name = gateway.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
-        validation::validate_new_name("gateway.metadata.name", &name).map_err(|e| rule_status(&e))?;
+        validation::validate_new_name("gateway.metadata.name", &name)
+            .map_err(|e| rule_status(&e))?;
         let uid = uuid::Uuid::new_v4().to_string();
         let (role, now) = (principal.role, now());
         let committed = self

@@ -262,16 +262,12 @@ impl KubeTarget {
     }
 
     fn remembered(&self, gateway: &str) -> Option<Applied> {
-        self.applied
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(gateway)
-            .copied()
+        self.applied.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(gateway).copied()
     }
 
     /// The Deployment as the watch last saw it (`Some(None)`: absent), when
-    /// that is at least as new as our last apply; `None` when only the API
-    /// server can tell (not listed yet, or the watch lags our apply).
+    /// that is at least as new as our last apply; `None` until the watch
+    /// can tell (not listed yet, or it lags our apply).
     fn cached_deployment(&self, gateway: &str) -> Option<Option<DeploymentView>> {
         let present = self.present.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if !present.synced.contains("Deployment") {
@@ -446,14 +442,6 @@ impl Target for KubeTarget {
         gateway: &str,
         rendered: &Rendered,
     ) -> Result<Observation, TargetError> {
-        let deployment = match self.cached_deployment(gateway) {
-            Some(view) => view,
-            None => {
-                let api: Api<Deployment> = Api::namespaced(self.client.clone(), &self.namespace);
-                let live = bounded("get Deployment", api.get_opt(gateway)).await?;
-                live.as_ref().map(DeploymentView::of)
-            }
-        };
         let has_route = rendered.manifests.iter().any(|m| m["kind"] == "Ingress");
         let route_address = if has_route {
             let ingress = self.api("networking.k8s.io/v1", "Ingress");
@@ -474,6 +462,19 @@ impl Target for KubeTarget {
             }
         } else {
             String::new()
+        };
+        // Deployments are read from the watch only, as an informer-based
+        // controller does: no GET per check, and the Role needs no `get`.
+        // Until the watch has caught up the rollout is reported as in
+        // progress, and the gateway is checked again at the poll interval.
+        let Some(deployment) = self.cached_deployment(gateway) else {
+            return Ok(Observation {
+                workload: Workload::Progressing {
+                    message: "waiting for the Deployment watch to catch up".into(),
+                },
+                route_address,
+                drifted: false,
+            });
         };
         // Out of band: a rendered object deleted, or an object of a kind no
         // longer rendered left behind (its prune was skipped or failed).

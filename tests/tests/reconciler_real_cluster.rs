@@ -1,0 +1,491 @@
+//! gateway-reconciler judged by a real control plane (tests/k8s): the
+//! reconciler runs as its own process with the identity deploy/'s Role is
+//! bound to, so RBAC, admission (the `restricted` Pod Security Standard),
+//! schema validation, server-side apply, the deployment and replicaset
+//! controllers, garbage collection and kwok's pods are all real.
+//!
+//! Skips with one line when the binaries are absent (tests/k8s/setup.sh
+//! builds them), and fails instead under `CI=true`.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use gantry_api::v1::{
+    ConditionStatus, CreateGatewayRequest, DeleteGatewayRequest, Gateway, GatewaySpec,
+    GetGatewayRequest, ObjectMeta, Phase, Route, UpdateGatewayRequest,
+};
+use gantry_client::{ClientConfig, GatewayClient};
+use gantry_e2e::k8s::{ControlPlane, NEVER_READY_IMAGE, RECONCILER_USER};
+use gantry_e2e::{temp_dir, ReconcilerProcess, StoreProcess};
+use prost_types::FieldMask;
+use serde_json::Value;
+
+const PATIENCE: Duration = Duration::from_secs(90);
+/// Kinds a gateway with a route and several replicas owns, as
+/// `kubectl get` names them.
+const OWNED: &str =
+    "serviceaccounts,configmaps,services,deployments,ingresses,poddisruptionbudgets";
+
+/// A store process and a reconciler process on one namespace of the
+/// shared plane.
+struct Rig {
+    plane: &'static ControlPlane,
+    namespace: String,
+    store: StoreProcess,
+    client: GatewayClient,
+    reconcilers: Vec<ReconcilerProcess>,
+    dir: std::path::PathBuf,
+}
+
+impl Rig {
+    fn start(prefix: &str) -> Option<Rig> {
+        let plane = ControlPlane::shared()?;
+        let namespace = plane.namespace(prefix);
+        let dir = temp_dir(prefix);
+        let store =
+            StoreProcess::start(&format!("sqlite://{}", dir.join("gantry.db").display()), &dir);
+        let client = ClientConfig { endpoint: store.endpoint(), ..Default::default() }
+            .connect_lazy()
+            .unwrap();
+        Some(Rig { plane, namespace, store, client, reconcilers: Vec::new(), dir })
+    }
+
+    /// Starts a reconciler process as the reconciler's identity.
+    fn reconciler(&mut self, extra: &[&str]) {
+        let kubeconfig = self.plane.reconciler_kubeconfig.display().to_string();
+        let mut args = vec![
+            "--target",
+            "kube",
+            "--kubeconfig",
+            &kubeconfig,
+            "--namespace",
+            &self.namespace,
+            "--poll-interval",
+            "200ms",
+            "--sync-period",
+            "30s",
+            "--retry-backoff",
+            "200ms",
+            "--progress-deadline",
+            "6s",
+        ];
+        args.extend_from_slice(extra);
+        let process = ReconcilerProcess::start(&self.store.endpoint(), &args);
+        self.reconcilers.push(process);
+    }
+
+    fn kubectl(&self, args: &[&str]) -> String {
+        let mut all = vec!["-n", self.namespace.as_str()];
+        all.extend_from_slice(args);
+        self.plane.kubectl(&all)
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.extend_from_slice(&["-o", "json"]);
+        serde_json::from_str(&self.kubectl(&all)).unwrap()
+    }
+
+    /// Names of the objects of `kinds` in the namespace, as `kind/name`.
+    fn objects(&self, kinds: &str) -> BTreeSet<String> {
+        self.kubectl(&["get", kinds, "-o", "name"])
+            .lines()
+            .filter(|l| !l.ends_with("/kube-root-ca.crt") && !l.ends_with("serviceaccount/default"))
+            .map(str::to_string)
+            .collect()
+    }
+
+    async fn create(&self, name: &str, spec: GatewaySpec) {
+        let g = Gateway {
+            metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
+            spec: Some(spec),
+            status: None,
+        };
+        self.client
+            .clone()
+            .create_gateway(CreateGatewayRequest { gateway: Some(g) })
+            .await
+            .unwrap();
+    }
+
+    async fn set_spec(&self, name: &str, spec: GatewaySpec) {
+        let g = Gateway {
+            metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
+            spec: Some(spec),
+            status: None,
+        };
+        let mask = Some(FieldMask { paths: vec!["spec".into()] });
+        self.client
+            .clone()
+            .update_gateway(UpdateGatewayRequest { gateway: Some(g), update_mask: mask })
+            .await
+            .unwrap();
+    }
+
+    async fn get(&self, name: &str) -> Result<Gateway, tonic::Status> {
+        self.client
+            .clone()
+            .get_gateway(GetGatewayRequest { name: name.into() })
+            .await
+            .map(|r| r.into_inner())
+    }
+
+    /// Polls the store until `done` holds for the gateway.
+    async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Gateway) -> bool) -> Gateway {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let g = self.get(name).await.unwrap();
+            if done(&g) {
+                return g;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name} never became {what}: {:?}\nreconciler logs:\n{}",
+                g.status,
+                self.reconcilers.iter().map(|r| r.logs()).collect::<Vec<_>>().join("\n")
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn wait_running(&self, name: &str, generation: i64) -> Gateway {
+        self.wait_for(name, &format!("RUNNING at generation {generation}"), |g| {
+            let s = g.status.clone().unwrap_or_default();
+            s.phase() == Phase::Running && s.observed_generation == generation
+        })
+        .await
+    }
+
+    async fn wait_gone(&self, name: &str) {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while self.get(name).await.is_ok() {
+            assert!(tokio::time::Instant::now() < deadline, "{name} was never deleted");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn delete(&self, name: &str) {
+        self.client
+            .clone()
+            .delete_gateway(DeleteGatewayRequest { name: name.into(), resource_version: 0 })
+            .await
+            .unwrap();
+    }
+
+    /// Waits until `kubectl get kinds` lists nothing gantry could own.
+    fn wait_empty(&self, kinds: &str) {
+        let deadline = std::time::Instant::now() + PATIENCE;
+        loop {
+            let left = self.objects(kinds);
+            if left.is_empty() {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "left behind: {left:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// The audit events of the reconciler's identity in this namespace.
+    fn reconciler_requests(&self) -> Vec<Value> {
+        self.plane
+            .audit_events()
+            .into_iter()
+            .filter(|e| e["user"]["username"] == RECONCILER_USER)
+            .filter(|e| e["objectRef"]["namespace"] == self.namespace.as_str())
+            .collect()
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.reconcilers.clear();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn image(tag: &str) -> String {
+    format!("ghcr.io/acme/gateway:{tag}")
+}
+
+fn full_spec(tag: &str) -> GatewaySpec {
+    GatewaySpec {
+        image: image(tag),
+        replicas: Some(2),
+        route: Some(Route { host: "edge.example.com".into(), tls_secret_name: "edge-tls".into() }),
+        config: [("mode".to_string(), "strict".to_string())].into(),
+        resources: Some(gantry_api::v1::ResourceRequirements {
+            requests: [("cpu".to_string(), "100m".to_string())].into(),
+            limits: [("cpu".to_string(), "1".to_string())].into(),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The images of the namespace's pods that kwok made Ready.
+fn ready_pod_images(rig: &Rig) -> Vec<String> {
+    let pods = rig.json(&["get", "pods"]);
+    pods["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .filter(|p| {
+            p["status"]["conditions"]
+                .as_array()
+                .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
+        })
+        .map(|p| p["spec"]["containers"][0]["image"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_rolls_out_changes_and_is_deleted_with_everything_it_owns() {
+    let Some(mut rig) = Rig::start("lifecycle") else { return };
+    rig.reconciler(&[]);
+
+    rig.create("edge", full_spec("1")).await;
+    let g = rig.wait_running("edge", 1).await;
+    let status = g.status.unwrap();
+    let ready = status.conditions.iter().find(|c| c.r#type == "Ready").unwrap();
+    assert_eq!(ready.status(), ConditionStatus::True);
+    assert_eq!(
+        rig.objects(OWNED),
+        [
+            "configmap/edge",
+            "deployment.apps/edge",
+            "ingress.networking.k8s.io/edge",
+            "poddisruptionbudget.policy/edge",
+            "service/edge",
+            "serviceaccount/edge",
+        ]
+        .map(String::from)
+        .into(),
+    );
+    // RUNNING means the real controllers rolled it out: two Ready pods of
+    // the image, made by a ReplicaSet the Deployment owns.
+    assert_eq!(ready_pod_images(&rig), [image("1"), image("1")]);
+    let deployment = rig.json(&["get", "deployment", "edge"]);
+    assert_eq!(deployment["status"]["availableReplicas"], 2);
+    assert_eq!(deployment["status"]["observedGeneration"], deployment["metadata"]["generation"]);
+    let config = rig.json(&["get", "configmap", "edge"]);
+    assert_eq!(config["data"]["mode"], "strict");
+
+    // A new generation rolls out through a second ReplicaSet.
+    rig.set_spec("edge", full_spec("2")).await;
+    rig.wait_running("edge", 2).await;
+    assert_eq!(ready_pod_images(&rig), [image("2"), image("2")], "only new pods remain");
+    let sets = rig.json(&["get", "replicasets"]);
+    let sets = sets["items"].as_array().unwrap();
+    assert_eq!(sets.len(), 2, "one ReplicaSet per rolled-out template");
+    for set in sets {
+        assert_eq!(set["metadata"]["ownerReferences"][0]["name"], "edge");
+        let replicas = set["spec"]["replicas"].as_i64().unwrap();
+        let tag = set["spec"]["template"]["spec"]["containers"][0]["image"].as_str().unwrap();
+        assert_eq!(replicas, if tag == image("2") { 2 } else { 0 }, "{tag}");
+    }
+
+    // Shrinking to one replica prunes the PodDisruptionBudget.
+    rig.set_spec("edge", GatewaySpec { replicas: Some(1), ..full_spec("2") }).await;
+    rig.wait_running("edge", 3).await;
+    assert!(!rig.objects(OWNED).contains("poddisruptionbudget.policy/edge"));
+
+    // Deletion removes every owned object, and garbage collection the
+    // ReplicaSets and pods they own.
+    rig.delete("edge").await;
+    rig.wait_gone("edge").await;
+    rig.wait_empty(&format!("{OWNED},replicasets,pods"));
+    let refused: Vec<_> = rig
+        .reconciler_requests()
+        .into_iter()
+        .filter(|e| e["responseStatus"]["code"] == 403)
+        .collect();
+    assert!(refused.is_empty(), "the reconciler was refused: {refused:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_that_never_becomes_available_is_degraded_until_a_fix() {
+    let Some(mut rig) = Rig::start("degraded") else { return };
+    rig.reconciler(&[]);
+
+    rig.create("stuck", GatewaySpec { image: NEVER_READY_IMAGE.into(), ..Default::default() })
+        .await;
+    // Pods exist (admitted, scheduled) but never become Ready; after the
+    // 6 s progress deadline the deployment controller says so.
+    let g = rig
+        .wait_for("stuck", "DEGRADED", |g| {
+            g.status.as_ref().is_some_and(|s| s.phase() == Phase::Degraded)
+        })
+        .await;
+    let status = g.status.unwrap();
+    let stalled = status.conditions.iter().find(|c| c.r#type == "Stalled").unwrap();
+    assert_eq!(stalled.status(), ConditionStatus::True);
+    assert_eq!(stalled.reason, "ProgressDeadlineExceeded");
+    assert_eq!(status.observed_generation, 1);
+    let deployment = rig.json(&["get", "deployment", "stuck"]);
+    let progressing = deployment["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Progressing")
+        .unwrap()
+        .clone();
+    assert_eq!(progressing["reason"], "ProgressDeadlineExceeded", "{deployment}");
+
+    // A fixing spec change rolls out and the gateway is RUNNING again.
+    rig.set_spec("stuck", GatewaySpec { image: image("fixed"), ..Default::default() }).await;
+    let g = rig.wait_running("stuck", 2).await;
+    let ready = g.status.unwrap().conditions.into_iter().find(|c| c.r#type == "Ready").unwrap();
+    assert_eq!(ready.status(), ConditionStatus::True);
+    assert_eq!(ready_pod_images(&rig), [image("fixed")]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_route_address_is_what_the_ingress_controller_reports() {
+    let Some(mut rig) = Rig::start("route") else { return };
+    rig.reconciler(&[]);
+    let spec = GatewaySpec {
+        image: image("1"),
+        route: Some(Route { host: "edge.example.com".into(), tls_secret_name: String::new() }),
+        ..Default::default()
+    };
+    rig.create("edge", spec).await;
+    rig.wait_running("edge", 1).await;
+    let ingress = rig.json(&["get", "ingress", "edge"]);
+    assert_eq!(ingress["spec"]["rules"][0]["host"], "edge.example.com");
+    assert_eq!(
+        ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]["name"],
+        "edge"
+    );
+
+    // The test plays the ingress controller: it publishes the address.
+    rig.kubectl(&[
+        "patch",
+        "ingress",
+        "edge",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"loadBalancer":{"ingress":[{"hostname":"lb-1.example.net"}]}}}"#,
+    ]);
+    rig.wait_for("edge", "routed through lb-1.example.net", |g| {
+        g.status.as_ref().is_some_and(|s| s.route_address == "lb-1.example.net")
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_reconcilers_elect_one_leader_on_a_real_lease_and_the_other_takes_over() {
+    let Some(mut rig) = Rig::start("leader") else { return };
+    let election = ["--leader-elect", "--lease-duration", "4s"];
+    rig.reconciler(&[&election[..], &["--identity", "replica-a"]].concat());
+    rig.reconciler(&[&election[..], &["--identity", "replica-b"]].concat());
+    let holder = |rig: &Rig| {
+        rig.json(&["get", "lease", "gateway-reconciler"])["spec"]["holderIdentity"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while !rig.kubectl(&["get", "lease", "-o", "name"]).contains("gateway-reconciler")
+        || holder(&rig).is_empty()
+    {
+        assert!(std::time::Instant::now() < deadline, "no leader was elected");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let first = holder(&rig);
+    assert!(first == "replica-a" || first == "replica-b", "{first}");
+    rig.create("one", GatewaySpec { image: image("1"), ..Default::default() }).await;
+    rig.wait_running("one", 1).await;
+    let (leader, follower) = if first == "replica-a" { (0, 1) } else { (1, 0) };
+    let applied = |r: &ReconcilerProcess| r.logs().matches("manifests applied").count();
+    assert!(applied(&rig.reconcilers[leader]) >= 1);
+    assert_eq!(applied(&rig.reconcilers[follower]), 0, "only the leader applies");
+
+    // The leader dies without releasing the Lease; the other replica takes
+    // over once it expires and reconciles what comes next.
+    rig.reconcilers[leader].kill9();
+    rig.create("two", GatewaySpec { image: image("1"), ..Default::default() }).await;
+    rig.wait_running("two", 1).await;
+    let second = holder(&rig);
+    assert_ne!(second, first, "the Lease changed hands");
+    assert!(applied(&rig.reconcilers[follower]) >= 1);
+}
+
+/// What the reconciler called, as RBAC sees it: `(group, resource, verb)`.
+/// A server-side apply (a PATCH with a field manager) may also create.
+fn used_permissions(events: &[Value]) -> BTreeSet<(String, String, String)> {
+    let mut used = BTreeSet::new();
+    for e in events {
+        let group = e["objectRef"]["apiGroup"].as_str().unwrap_or("").to_string();
+        let resource = e["objectRef"]["resource"].as_str().unwrap_or("").to_string();
+        let verb = e["verb"].as_str().unwrap_or("").to_string();
+        if verb == "patch" && e["requestURI"].as_str().unwrap_or("").contains("fieldManager=") {
+            used.insert((group.clone(), resource.clone(), "create".to_string()));
+        }
+        used.insert((group, resource, verb));
+    }
+    used
+}
+
+fn granted_permissions(plane: &ControlPlane) -> BTreeSet<(String, String, String)> {
+    let role = plane
+        .render("base")
+        .into_iter()
+        .find(|o| o["kind"] == "Role" && o["metadata"]["name"] == "gateway-reconciler")
+        .unwrap();
+    let mut granted = BTreeSet::new();
+    for rule in role["rules"].as_array().unwrap() {
+        for group in rule["apiGroups"].as_array().unwrap() {
+            for resource in rule["resources"].as_array().unwrap() {
+                for verb in rule["verbs"].as_array().unwrap() {
+                    granted.insert((
+                        group.as_str().unwrap().to_string(),
+                        resource.as_str().unwrap().to_string(),
+                        verb.as_str().unwrap().to_string(),
+                    ));
+                }
+            }
+        }
+    }
+    granted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_role_grants_exactly_what_the_reconciler_calls_on_the_real_audit_log() {
+    let Some(mut rig) = Rig::start("rbac") else { return };
+    rig.reconciler(&["--leader-elect", "--lease-duration", "4s", "--identity", "rbac"]);
+    // A full lifecycle: create with a route and three replicas, change,
+    // shrink (prune), delete.
+    rig.create("edge", GatewaySpec { replicas: Some(3), ..full_spec("1") }).await;
+    rig.wait_running("edge", 1).await;
+    rig.set_spec("edge", GatewaySpec { replicas: Some(3), ..full_spec("2") }).await;
+    rig.wait_running("edge", 2).await;
+    rig.set_spec("edge", GatewaySpec { image: image("2"), ..Default::default() }).await;
+    rig.wait_running("edge", 3).await;
+    rig.delete("edge").await;
+    rig.wait_gone("edge").await;
+    // Lease renewals (update) happen every few seconds.
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while !rig
+        .reconciler_requests()
+        .iter()
+        .any(|e| e["verb"] == "update" && e["objectRef"]["resource"] == "leases")
+    {
+        assert!(std::time::Instant::now() < deadline, "the Lease was never renewed");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    let events = rig.reconciler_requests();
+    let refused: Vec<_> = events.iter().filter(|e| e["responseStatus"]["code"] == 403).collect();
+    assert!(refused.is_empty(), "refused by RBAC: {refused:?}");
+    let used = used_permissions(&events);
+    let granted = granted_permissions(rig.plane);
+    let missing: Vec<_> = used.difference(&granted).collect();
+    let unused: Vec<_> = granted.difference(&used).collect();
+    assert!(missing.is_empty(), "the Role lacks what the reconciler calls: {missing:?}");
+    assert!(unused.is_empty(), "the Role grants what the reconciler never calls: {unused:?}");
+}
