@@ -5,8 +5,9 @@
 //!  etcd ◄── kube-apiserver (TLS, token identities, RBAC, audit log)
 //!                ▲      ▲              ▲                ▲
 //!   kube-controller-manager   kube-scheduler   kwok (nodes and pods Ready)
-//!   (deployment, replicaset,
-//!    garbage collector, namespace, serviceaccount)
+//!   (deployment, replicaset, garbage
+//!    collector, namespace, serviceaccount,
+//!    persistent-volume binder)
 //! ```
 //!
 //! The binaries are built from the Go modules pinned in `tests/k8s/tools`
@@ -256,7 +257,7 @@ impl ControlPlane {
                 format!("--kubeconfig={admin}"),
                 format!("--authentication-kubeconfig={admin}"),
                 format!("--authorization-kubeconfig={admin}"),
-                "--controllers=deployment-controller,replicaset-controller,garbage-collector-controller,namespace-controller,serviceaccount-controller".into(),
+                "--controllers=deployment-controller,replicaset-controller,garbage-collector-controller,namespace-controller,serviceaccount-controller,persistentvolume-binder-controller".into(),
                 "--leader-elect=false".into(),
                 "--bind-address=127.0.0.1".into(),
                 format!("--secure-port={}", free_port()),

@@ -502,3 +502,80 @@ fn strict_parsing_rejects_wrong_types() {
         "spec": {"replicas": "two", "selector": {}, "template": {}},
     }));
 }
+
+/// Every overlay applied to a real API server with `kubectl apply
+/// --server-side` and full schema validation (kubectl's default, strict),
+/// each in a namespace of its own that enforces the `restricted` Pod
+/// Security Standard: no warning, and the Deployments roll out, so their
+/// pods were admitted (a refused pod would leave the ReplicaSet short).
+#[test]
+fn every_overlay_is_admitted_by_the_real_api_server_under_the_restricted_standard() {
+    use gantry_e2e::k8s::ControlPlane;
+    let Some(plane) = ControlPlane::shared() else { return };
+    for overlay in OVERLAYS {
+        let namespace = format!("deploy-{overlay}");
+        let mut objects = plane.render(overlay);
+        let mut namespaces = 0;
+        for object in &mut objects {
+            if object["kind"] == "Namespace" {
+                namespaces += 1;
+                assert_eq!(
+                    object["metadata"]["labels"]["pod-security.kubernetes.io/enforce"],
+                    "restricted",
+                    "{overlay}: the namespace enforces the restricted standard"
+                );
+                object["metadata"]["name"] = Value::from(namespace.clone());
+            } else if object["metadata"]["namespace"].is_string() {
+                object["metadata"]["namespace"] = Value::from(namespace.clone());
+            }
+            let subjects = object.get_mut("subjects").and_then(Value::as_array_mut);
+            for subject in subjects.into_iter().flatten() {
+                subject["namespace"] = Value::from(namespace.clone());
+            }
+        }
+        assert_eq!(namespaces, 1, "{overlay} creates its namespace");
+        objects.sort_by_key(|o| o["kind"] != "Namespace");
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects});
+        let out = plane.kubectl_stdin(
+            &["apply", "--server-side", "--field-manager=deploy-test", "-f", "-"],
+            &list.to_string(),
+        );
+        // The cluster's storage: a volume for each claim, as a static
+        // provisioner would make it.
+        for claim in objects.iter().filter(|o| o["kind"] == "PersistentVolumeClaim") {
+            let name = claim["metadata"]["name"].as_str().unwrap();
+            let volume = serde_json::json!({
+                "apiVersion": "v1", "kind": "PersistentVolume",
+                "metadata": {"name": format!("{namespace}-{name}")},
+                "spec": {
+                    "capacity": {"storage": claim["spec"]["resources"]["requests"]["storage"]},
+                    "accessModes": claim["spec"]["accessModes"],
+                    "claimRef": {"namespace": namespace, "name": name},
+                    "hostPath": {"path": format!("/tmp/gantry-pv/{namespace}-{name}")},
+                },
+            });
+            plane.kubectl_stdin(&["apply", "--server-side", "-f", "-"], &volume.to_string());
+        }
+        let warnings = String::from_utf8_lossy(&out.stderr);
+        assert!(warnings.trim().is_empty(), "{overlay}: kubectl warned: {warnings}");
+        for deployment in objects.iter().filter(|o| o["kind"] == "Deployment") {
+            let name = deployment["metadata"]["name"].as_str().unwrap();
+            let replicas = deployment["spec"]["replicas"].as_i64().unwrap_or(1);
+            plane.wait_for(
+                &format!("{overlay}: Deployment {name} available"),
+                Duration::from_secs(90),
+                &[
+                    "-n",
+                    &namespace,
+                    "get",
+                    "deployment",
+                    name,
+                    "-o",
+                    "jsonpath={.status.availableReplicas}",
+                ],
+                |available| available == replicas.to_string(),
+            );
+        }
+        plane.kubectl(&["delete", "namespace", &namespace, "--wait=false"]);
+    }
+}
