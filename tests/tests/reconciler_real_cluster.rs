@@ -55,22 +55,21 @@ impl Rig {
     /// Starts a reconciler process as the reconciler's identity.
     fn reconciler(&mut self, extra: &[&str]) {
         let kubeconfig = self.plane.reconciler_kubeconfig.display().to_string();
-        let mut args = vec![
-            "--target",
-            "kube",
-            "--kubeconfig",
-            &kubeconfig,
-            "--namespace",
-            &self.namespace,
-            "--poll-interval",
-            "200ms",
-            "--sync-period",
-            "30s",
-            "--retry-backoff",
-            "200ms",
-            "--progress-deadline",
-            "6s",
+        let defaults = [
+            ("--target", "kube"),
+            ("--kubeconfig", kubeconfig.as_str()),
+            ("--namespace", self.namespace.as_str()),
+            ("--poll-interval", "200ms"),
+            ("--sync-period", "30s"),
+            ("--retry-backoff", "200ms"),
+            ("--progress-deadline", "6s"),
         ];
+        let mut args: Vec<&str> = Vec::new();
+        for (flag, value) in defaults {
+            if !extra.contains(&flag) {
+                args.extend([flag, value]);
+            }
+        }
         args.extend_from_slice(extra);
         let process = ReconcilerProcess::start(&self.store.endpoint(), &args);
         self.reconcilers.push(process);
@@ -488,4 +487,64 @@ async fn the_role_grants_exactly_what_the_reconciler_calls_on_the_real_audit_log
     let unused: Vec<_> = granted.difference(&used).collect();
     assert!(missing.is_empty(), "the Role lacks what the reconciler calls: {missing:?}");
     assert!(unused.is_empty(), "the Role grants what the reconciler never calls: {unused:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edits_by_others_are_repaired_and_metadata_only_changes_are_not_drift() {
+    let Some(mut rig) = Rig::start("drift") else { return };
+    rig.reconciler(&["--sync-period", "2s"]);
+    rig.create("edge", GatewaySpec { image: image("1"), ..Default::default() }).await;
+    rig.wait_running("edge", 1).await;
+    let repairs = |rig: &Rig| rig.reconcilers[0].logs().matches("owned objects drifted").count();
+    let generation = |rig: &Rig| {
+        rig.json(&["get", "deployment", "edge"])["metadata"]["generation"].as_i64().unwrap()
+    };
+
+    // The API server bumps a Deployment's generation on an annotation
+    // change (as on the deployment controller's own revision annotation):
+    // not drift. Two resyncs pass without a repair.
+    let before = generation(&rig);
+    rig.kubectl(&["annotate", "deployment", "edge", "example.com/note=hello"]);
+    assert_eq!(generation(&rig), before + 1, "the real server bumps the generation");
+    let resynced = |rig: &Rig| -> u64 {
+        let metrics = gantry_e2e::http_get(rig.reconcilers[0].http, "/metrics").unwrap_or_default();
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("gantry_reconciler_reconciles_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let start = resynced(&rig);
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while resynced(&rig) < start + 2 {
+        assert!(std::time::Instant::now() < deadline, "no resync happened");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(repairs(&rig), 0, "an annotation is not drift");
+
+    // Someone else changes the image: repaired.
+    rig.kubectl(&["set", "image", "deployment/edge", "gateway=evil:1"]);
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let live = rig.json(&["get", "deployment", "edge"]);
+        if live["spec"]["template"]["spec"]["containers"][0]["image"] == image("1").as_str() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the edited image was never repaired");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(repairs(&rig) >= 1);
+
+    // Someone deletes the Deployment: re-created, and it rolls out again.
+    rig.kubectl(&["delete", "deployment", "edge", "--wait=true"]);
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while !rig.objects("deployments").contains("deployment.apps/edge") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the deleted Deployment was never re-created"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    rig.wait_running("edge", 1).await;
+    assert_eq!(rig.json(&["get", "deployment", "edge"])["status"]["availableReplicas"], 1);
 }

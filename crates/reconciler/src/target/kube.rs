@@ -56,6 +56,10 @@ struct Present {
     /// What observing needs of each owned Deployment, by name: resyncs and
     /// restarts then read no Deployment from the API server.
     deployments: HashMap<String, DeploymentView>,
+    /// Deployments the watch saw deleted (until the next apply of them).
+    deleted_deployments: HashSet<String>,
+    /// Completed lists of the Deployment watch.
+    deployment_lists: u64,
 }
 
 /// What the reconciler remembers of a Deployment it applied.
@@ -65,6 +69,9 @@ struct Applied {
     generation: i64,
     /// Hash of its `spec` as the API server returned it.
     spec_hash: u64,
+    /// How many times the Deployment watch had listed when we applied: a
+    /// later list without the object means it is gone.
+    lists: u64,
 }
 
 /// The part of a live Deployment the reconciler looks at.
@@ -251,11 +258,17 @@ impl KubeTarget {
     }
 
     fn remember(&self, gateway: &str, deployment: Option<&DeploymentView>) {
+        let lists = {
+            let mut present =
+                self.present.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            present.deleted_deployments.remove(gateway);
+            present.deployment_lists
+        };
         let mut map = self.applied.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         match deployment {
             Some(d) => map.insert(
                 gateway.to_string(),
-                Applied { generation: d.generation.unwrap_or(0), spec_hash: d.spec_hash },
+                Applied { generation: d.generation.unwrap_or(0), spec_hash: d.spec_hash, lists },
             ),
             None => map.remove(gateway),
         };
@@ -280,6 +293,13 @@ impl KubeTarget {
             }
             (Some(view), _) => Some(Some(view.clone())),
             (None, None) => Some(None),
+            // Applied, and since then deleted or missing from a new list.
+            (None, Some(applied))
+                if present.deleted_deployments.contains(gateway)
+                    || present.deployment_lists > applied.lists =>
+            {
+                Some(None)
+            }
             (None, Some(_)) => None,
         }
     }
@@ -366,6 +386,9 @@ fn track(
         }
         Ok(watcher::Event::InitDone) => {
             present.synced.insert(kind.to_string());
+            if kind == "Deployment" {
+                present.deployment_lists += 1;
+            }
             None
         }
         Ok(watcher::Event::InitApply(o) | watcher::Event::Apply(o)) => {
@@ -390,6 +413,7 @@ fn track(
             let name = o.metadata.name.unwrap_or_default();
             if kind == "Deployment" {
                 present.deployments.remove(&name);
+                present.deleted_deployments.insert(name.clone());
             }
             present.remove(kind, name);
             gateway
