@@ -97,6 +97,8 @@ pub struct ControlPlane {
     /// Process group of every component.
     group: Option<u32>,
     children: Vec<Child>,
+    /// Stops the group when the test process exits without a drop.
+    watchdog: Option<Child>,
     /// `https://127.0.0.1:<port>`.
     pub url: String,
     /// Kubeconfig of a cluster admin (`system:masters`).
@@ -201,6 +203,7 @@ impl ControlPlane {
             bin: bin.to_path_buf(),
             group: None,
             children: Vec::new(),
+            watchdog: None,
             url,
             admin_kubeconfig,
             reconciler_kubeconfig,
@@ -345,13 +348,14 @@ impl ControlPlane {
                 std::process::id(),
                 child.id()
             );
-            Command::new("sh")
+            let watchdog = Command::new("sh")
                 .args(["-c", &watchdog])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("start the control plane's watchdog");
+            self.watchdog = Some(watchdog);
         }
         self.children.push(child);
     }
@@ -529,7 +533,8 @@ impl Drop for ControlPlane {
         if let Some(group) = self.group {
             let _ = Command::new("kill").args(["-TERM", "--", &format!("-{group}")]).status();
         }
-        for child in &mut self.children {
+        for child in self.children.iter_mut().chain(self.watchdog.as_mut()) {
+            let _ = child.kill();
             let _ = child.wait();
         }
         if std::thread::panicking() {

@@ -326,3 +326,42 @@ async fn kube_fake_answers_as_the_real_api_server_does() {
         differences.join("\n")
     );
 }
+
+/// kube-fake's schemas (`crates/kube-fake/src/schema.json`) are those of
+/// the real API server of the pinned release; with
+/// `GANTRY_UPDATE_KUBE_SCHEMA=1` this test rewrites them.
+#[test]
+fn kube_fake_schemas_are_the_real_api_servers() {
+    let Some(plane) = ControlPlane::shared() else { return };
+    let mut documents = Vec::new();
+    let mut kinds = Vec::new();
+    let mut paths = std::collections::BTreeSet::new();
+    for rt in gantry_kube_fake::resources::RESOURCES {
+        kinds.push((rt.api_version(), rt.kind.to_string()));
+        paths.insert(if rt.group.is_empty() {
+            format!("/openapi/v3/api/{}", rt.version)
+        } else {
+            format!("/openapi/v3/apis/{}/{}", rt.group, rt.version)
+        });
+    }
+    for path in paths {
+        documents
+            .push(serde_json::from_str::<Value>(&plane.kubectl(&["get", "--raw", &path])).unwrap());
+    }
+    let compact = gantry_kube_fake::schema::compact(&documents, &kinds);
+    assert_eq!(
+        compact["kinds"].as_object().unwrap().len(),
+        kinds.len(),
+        "every served kind has a schema"
+    );
+    let text = serde_json::to_string_pretty(&compact).unwrap() + "\n";
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/kube-fake/src/schema.json");
+    if std::env::var_os("GANTRY_UPDATE_KUBE_SCHEMA").is_some() {
+        std::fs::write(&file, &text).unwrap();
+    }
+    assert!(
+        std::fs::read_to_string(&file).unwrap() == text,
+        "{} is not what the real API server serves: rerun this test with GANTRY_UPDATE_KUBE_SCHEMA=1",
+        file.display()
+    );
+}

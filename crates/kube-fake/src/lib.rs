@@ -19,10 +19,12 @@
 #![forbid(unsafe_code)]
 
 pub mod resources;
+pub mod schema;
 pub mod server;
 pub mod ssa;
 pub mod state;
 pub mod util;
+pub mod validation;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -3,12 +3,14 @@
 //! managers that set it; an apply owns exactly the fields of its applied
 //! configuration, conflicts with other owners that hold a different value
 //! (unless forced), and removes fields it stops applying that nobody else
-//! owns. Lists merge by key where Kubernetes declares keys (containers by
-//! name, ports by port and protocol, ...), and are atomic otherwise.
+//! owns. How lists, maps and structs merge (by key, by value, or whole)
+//! comes from the Kubernetes schemas in [`crate::schema`].
 
 use std::collections::BTreeSet;
 
 use serde_json::{Map, Value};
+
+use crate::schema::{ListType, Node, Schema, Shape, Struct};
 
 /// One step of a field path.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -56,45 +58,33 @@ pub struct Conflict {
     pub field: String,
 }
 
-enum ListKind {
-    Map(&'static [(&'static str, Option<&'static str>)]),
-    Set,
-    Atomic,
+fn schema() -> &'static Schema {
+    Schema::get()
 }
 
-fn list_kind(field: &str, sample: Option<&Value>) -> ListKind {
-    match field {
-        "containers"
-        | "initContainers"
-        | "ephemeralContainers"
-        | "env"
-        | "volumes"
-        | "imagePullSecrets"
-        | "hostAliases" => ListKind::Map(&[("name", None)]),
-        "volumeMounts" => ListKind::Map(&[("mountPath", None)]),
-        "ownerReferences" => ListKind::Map(&[("uid", None)]),
-        "conditions" => ListKind::Map(&[("type", None)]),
-        "topologySpreadConstraints" => {
-            ListKind::Map(&[("topologyKey", None), ("whenUnsatisfiable", None)])
+/// The keys and key defaults of a list-map whose items are `item`.
+fn map_keys(list: &Node) -> Option<(&[String], Option<&Struct>)> {
+    match schema().shape(list) {
+        Shape::List(item, ListType::Map(keys)) => {
+            let item_struct = match schema().shape(item) {
+                Shape::Struct(s) => Some(s),
+                _ => None,
+            };
+            Some((keys.as_slice(), item_struct))
         }
-        "ports" if sample.is_some_and(|s| s.get("containerPort").is_some()) => {
-            ListKind::Map(&[("containerPort", None), ("protocol", Some("TCP"))])
-        }
-        "ports" if sample.is_some_and(|s| s.get("port").is_some()) => {
-            ListKind::Map(&[("port", None), ("protocol", Some("TCP"))])
-        }
-        "finalizers" => ListKind::Set,
-        _ => ListKind::Atomic,
+        _ => None,
     }
 }
 
-fn item_key(item: &Value, spec: &[(&str, Option<&str>)]) -> String {
-    let mut parts: Vec<(String, Value)> = spec
+fn item_key(item: &Value, keys: &[String], item_struct: Option<&Struct>) -> String {
+    let mut parts: Vec<(String, Value)> = keys
         .iter()
-        .filter_map(|(k, default)| {
-            let v =
-                item.get(*k).cloned().or_else(|| default.map(|d| Value::String(d.to_string())))?;
-            Some((k.to_string(), v))
+        .filter_map(|k| {
+            let v = item
+                .get(k)
+                .cloned()
+                .or_else(|| item_struct.and_then(|s| s.defaults.get(k)).cloned())?;
+            Some((k.clone(), v))
         })
         .collect();
     parts.sort_by(|a, b| a.0.cmp(&b.0));
@@ -114,11 +104,19 @@ fn scoped(object: &Value, scope: Scope) -> Vec<(&String, &Value)> {
         .collect()
 }
 
-/// The fields of an object (or applied configuration) within `scope`.
-pub fn field_set(object: &Value, scope: Scope) -> FieldSet {
+/// The node of `field` below `node`, or untyped when undeclared.
+fn child<'a>(node: &'a Node, field: &str) -> &'a Node {
+    static UNTYPED: Node = Node::Untyped;
+    schema().field(node, field).unwrap_or(&UNTYPED)
+}
+
+/// The fields of an object (or applied configuration) of type `root`
+/// within `scope`.
+pub fn field_set(root: &Node, object: &Value, scope: Scope) -> FieldSet {
     let mut out = FieldSet::new();
     for (key, value) in scoped(object, scope) {
         let path = vec![PathElement::Field(key.clone())];
+        let node = child(root, key);
         if key == "metadata" {
             for (mk, mv) in value.as_object().into_iter().flatten() {
                 if matches!(
@@ -127,47 +125,64 @@ pub fn field_set(object: &Value, scope: Scope) -> FieldSet {
                 ) {
                     let mut p = path.clone();
                     p.push(PathElement::Field(mk.clone()));
-                    walk(mv, p, mk, &mut out);
+                    walk(child(node, mk), mv, p, &mut out);
                 }
             }
         } else {
-            walk(value, path, key, &mut out);
+            walk(node, value, path, &mut out);
         }
     }
     out
 }
 
-fn walk(value: &Value, path: Path, field: &str, out: &mut FieldSet) {
+/// Whether a value of `node` is owned as a whole (atomic struct, map or
+/// list, or anything without a structure).
+fn is_atomic(node: &Node, value: &Value) -> bool {
+    match (schema().shape(node), value) {
+        (Shape::Struct(s), Value::Object(map)) => s.atomic || map.is_empty(),
+        (Shape::Map(_, atomic), Value::Object(map)) => atomic || map.is_empty(),
+        (Shape::Untyped, Value::Object(map)) => map.is_empty(),
+        (Shape::List(_, ListType::Map(_) | ListType::Set), Value::Array(_)) => false,
+        _ => true,
+    }
+}
+
+fn walk(node: &Node, value: &Value, path: Path, out: &mut FieldSet) {
+    if is_atomic(node, value) {
+        out.insert(path);
+        return;
+    }
     match value {
-        Value::Object(map) if !map.is_empty() => {
+        Value::Object(map) => {
             for (k, v) in map {
                 let mut p = path.clone();
                 p.push(PathElement::Field(k.clone()));
-                walk(v, p, k, out);
+                walk(child(node, k), v, p, out);
             }
         }
-        Value::Array(items) => match list_kind(field, items.first()) {
-            ListKind::Map(spec) => {
+        Value::Array(items) => match schema().shape(node) {
+            Shape::List(item_node, ListType::Map(keys)) => {
+                let item_struct = map_keys(node).and_then(|(_, s)| s);
                 for item in items {
                     let mut p = path.clone();
-                    p.push(PathElement::Key(item_key(item, spec)));
+                    p.push(PathElement::Key(item_key(item, keys, item_struct)));
                     out.insert(p.clone());
+                    if is_atomic(item_node, item) {
+                        continue;
+                    }
                     for (k, v) in item.as_object().into_iter().flatten() {
-                        let mut child = p.clone();
-                        child.push(PathElement::Field(k.clone()));
-                        walk(v, child, k, out);
+                        let mut c = p.clone();
+                        c.push(PathElement::Field(k.clone()));
+                        walk(child(item_node, k), v, c, out);
                     }
                 }
             }
-            ListKind::Set => {
+            _ => {
                 for item in items {
                     let mut p = path.clone();
                     p.push(PathElement::Value(item.to_string()));
                     out.insert(p);
                 }
-            }
-            ListKind::Atomic => {
-                out.insert(path);
             }
         },
         _ => {
@@ -176,50 +191,62 @@ fn walk(value: &Value, path: Path, field: &str, out: &mut FieldSet) {
     }
 }
 
-fn find_item(items: &[Value], parent_field: &str, key: &str) -> Option<usize> {
-    let ListKind::Map(spec) = list_kind(parent_field, items.first()) else { return None };
-    items.iter().position(|item| item_key(item, spec) == key)
+fn find_item(items: &[Value], list: &Node, key: &str) -> Option<usize> {
+    let (keys, item_struct) = map_keys(list)?;
+    items.iter().position(|item| item_key(item, keys, item_struct) == key)
 }
 
-/// The value at `path`, if present.
-pub fn value_at<'a>(object: &'a Value, path: &[PathElement]) -> Option<&'a Value> {
+/// The node of list items.
+fn item_node(list: &Node) -> &Node {
+    static UNTYPED: Node = Node::Untyped;
+    match schema().shape(list) {
+        Shape::List(item, _) => item,
+        _ => &UNTYPED,
+    }
+}
+
+/// The value at `path` of an object of type `root`, if present.
+pub fn value_at<'a>(root: &Node, object: &'a Value, path: &[PathElement]) -> Option<&'a Value> {
     let mut current = object;
-    let mut field = "";
+    let mut node = root;
     for element in path {
         match element {
             PathElement::Field(name) => {
                 current = current.get(name)?;
-                field = name;
+                node = child(node, name);
             }
             PathElement::Key(key) => {
                 let items = current.as_array()?;
-                current = &items[find_item(items, field, key)?];
+                current = &items[find_item(items, node, key)?];
+                node = item_node(node);
             }
             PathElement::Value(v) => {
                 let items = current.as_array()?;
                 current = items.iter().find(|item| item.to_string() == *v)?;
+                node = item_node(node);
             }
         }
     }
     Some(current)
 }
 
-/// Removes the field at `path`, if present.
-pub fn remove_path(object: &mut Value, path: &[PathElement]) {
+/// Removes the field at `path` of an object of type `root`, if present.
+pub fn remove_path(root: &Node, object: &mut Value, path: &[PathElement]) {
     let Some((last, parent_path)) = path.split_last() else { return };
-    let mut field = "";
+    let mut node = root;
     let mut current = object;
     for element in parent_path {
         let next = match element {
             PathElement::Field(name) => {
-                field = name;
+                node = child(node, name);
                 current.get_mut(name)
             }
             PathElement::Key(key) => {
-                let Some(index) = current.as_array().and_then(|items| find_item(items, field, key))
+                let Some(index) = current.as_array().and_then(|items| find_item(items, node, key))
                 else {
                     return;
                 };
+                node = item_node(node);
                 current.get_mut(index)
             }
             PathElement::Value(_) => return,
@@ -234,7 +261,7 @@ pub fn remove_path(object: &mut Value, path: &[PathElement]) {
             }
         }
         PathElement::Key(key) => {
-            let index = current.as_array().and_then(|items| find_item(items, field, key));
+            let index = current.as_array().and_then(|items| find_item(items, node, key));
             if let (Some(index), Some(items)) = (index, current.as_array_mut()) {
                 items.remove(index);
             }
@@ -247,41 +274,44 @@ pub fn remove_path(object: &mut Value, path: &[PathElement]) {
     }
 }
 
-/// Merges an applied configuration into `live`: maps recursively, list
-/// maps by key, sets by value, everything else replaced.
-pub fn merge(live: &mut Value, applied: &Value, field: &str) {
+/// Merges an applied configuration of type `node` into `live`: granular
+/// maps and structs recursively, list maps by key, sets by value,
+/// everything atomic replaced.
+pub fn merge(node: &Node, live: &mut Value, applied: &Value) {
+    if is_atomic(node, applied) && !applied.as_object().is_some_and(Map::is_empty) {
+        *live = applied.clone();
+        return;
+    }
     match (live, applied) {
         (Value::Object(live_map), Value::Object(applied_map)) => {
             for (k, v) in applied_map {
                 match live_map.get_mut(k) {
-                    Some(existing) => merge(existing, v, k),
+                    Some(existing) => merge(child(node, k), existing, v),
                     None => {
                         live_map.insert(k.clone(), v.clone());
                     }
                 }
             }
         }
-        (Value::Array(live_items), Value::Array(applied_items)) => {
-            match list_kind(field, applied_items.first().or(live_items.first())) {
-                ListKind::Map(spec) => {
-                    for item in applied_items {
-                        let key = item_key(item, spec);
-                        match live_items.iter_mut().find(|l| item_key(l, spec) == key) {
-                            Some(existing) => merge(existing, item, ""),
-                            None => live_items.push(item.clone()),
-                        }
+        (Value::Array(live_items), Value::Array(applied_items)) => match map_keys(node) {
+            Some((keys, item_struct)) => {
+                let item = item_node(node);
+                for applied_item in applied_items {
+                    let key = item_key(applied_item, keys, item_struct);
+                    match live_items.iter_mut().find(|l| item_key(l, keys, item_struct) == key) {
+                        Some(existing) => merge(item, existing, applied_item),
+                        None => live_items.push(applied_item.clone()),
                     }
                 }
-                ListKind::Set => {
-                    for item in applied_items {
-                        if !live_items.contains(item) {
-                            live_items.push(item.clone());
-                        }
-                    }
-                }
-                ListKind::Atomic => *live_items = applied_items.clone(),
             }
-        }
+            None => {
+                for applied_item in applied_items {
+                    if !live_items.contains(applied_item) {
+                        live_items.push(applied_item.clone());
+                    }
+                }
+            }
+        },
         (live, applied) => *live = applied.clone(),
     }
 }
@@ -342,6 +372,8 @@ fn owned_by_others(managers: &[Manager], me: &str, path: &Path) -> bool {
 /// Who writes, to which part of the object, and when.
 #[derive(Debug, Clone, Copy)]
 pub struct Writer<'a> {
+    /// The type of the object written.
+    pub root: &'a Node,
     pub manager: &'a str,
     pub subresource: Option<&'static str>,
     pub scope: Scope,
@@ -357,13 +389,13 @@ pub fn apply(
     applied: &Value,
     force: bool,
 ) -> Result<Value, Vec<Conflict>> {
-    let Writer { manager, subresource, scope, now } = writer;
-    let new_set = field_set(applied, scope);
+    let Writer { root, manager, subresource, scope, now } = writer;
+    let new_set = field_set(root, applied, scope);
     let base = live.cloned().unwrap_or_else(|| Value::Object(Map::new()));
     let mut conflicts = Vec::new();
     for other in managers.iter().filter(|m| !(m.name == manager && m.operation == "Apply")) {
         for path in other.fields.intersection(&new_set) {
-            if value_at(&base, path) != value_at(applied, path) {
+            if value_at(root, &base, path) != value_at(root, applied, path) {
                 conflicts.push((other.name.clone(), path.clone()));
             }
         }
@@ -393,10 +425,10 @@ pub fn apply(
     dropped.sort_by_key(|p| p.len());
     for path in dropped {
         if !owned_by_others(managers, manager, path) {
-            remove_path(&mut result, path);
+            remove_path(root, &mut result, path);
         }
     }
-    merge(&mut result, applied, "");
+    merge(root, &mut result, applied);
     match managers
         .iter_mut()
         .find(|m| m.name == manager && m.operation == "Apply" && m.subresource == subresource)
@@ -427,13 +459,16 @@ pub fn record_update(
     managers: &mut Vec<Manager>,
     writer: Writer<'_>,
 ) {
-    let Writer { manager, subresource, scope, now } = writer;
-    let new_fields = field_set(new, scope);
-    let old_fields = old.map(|o| field_set(o, scope)).unwrap_or_default();
+    let Writer { root, manager, subresource, scope, now } = writer;
+    let new_fields = field_set(root, new, scope);
+    let old_fields = old.map(|o| field_set(root, o, scope)).unwrap_or_default();
     let empty = Value::Object(Map::new());
     let old_value = old.unwrap_or(&empty);
-    let changed: FieldSet =
-        new_fields.iter().filter(|p| value_at(old_value, p) != value_at(new, p)).cloned().collect();
+    let changed: FieldSet = new_fields
+        .iter()
+        .filter(|p| value_at(root, old_value, p) != value_at(root, new, p))
+        .cloned()
+        .collect();
     let removed: FieldSet = old_fields.difference(&new_fields).cloned().collect();
     if changed.is_empty() && removed.is_empty() {
         return;
@@ -468,7 +503,8 @@ mod tests {
     use serde_json::json;
 
     fn w(manager: &str) -> Writer<'_> {
-        Writer { manager, subresource: None, scope: Scope::Main, now: "t" }
+        let root = Schema::get().kind("apps/v1", "Deployment");
+        Writer { root, manager, subresource: None, scope: Scope::Main, now: "t" }
     }
 
     fn deployment(image: &str, replicas: Option<i64>) -> Value {
@@ -488,7 +524,8 @@ mod tests {
 
     #[test]
     fn field_sets_use_list_keys() {
-        let set = field_set(&deployment("gw:1", Some(2)), Scope::Main);
+        let root = Schema::get().kind("apps/v1", "Deployment");
+        let set = field_set(root, &deployment("gw:1", Some(2)), Scope::Main);
         let rendered = to_fields_v1(&set);
         let containers = &rendered["f:spec"]["f:template"]["f:spec"]["f:containers"];
         assert!(containers["k:{\"name\":\"gw\"}"]["f:image"].is_object());

@@ -11,8 +11,10 @@ use serde_json::{json, Map, Value};
 use tokio::sync::broadcast;
 
 use crate::resources::{self, ResourceType};
+use crate::schema::Schema;
 use crate::ssa::{self, Manager, Scope, Writer};
 use crate::util::{now_rfc3339, FieldSelector, LabelSelector};
+use crate::validation;
 
 /// An error answered as a Kubernetes `Status`.
 #[derive(Debug, Clone, PartialEq)]
@@ -436,7 +438,13 @@ impl State {
         }
         if rt.has_generation() {
             let old_generation = old.and_then(|o| o["metadata"]["generation"].as_i64());
-            let spec_changed = old.is_some_and(|o| o.get("spec") != new.get("spec"));
+            // Deployments also count annotation changes (the API server's
+            // deployment strategy; the rollback annotation once lived there).
+            let spec_changed = old.is_some_and(|o| {
+                o.get("spec") != new.get("spec")
+                    || (rt.kind == "Deployment"
+                        && o["metadata"].get("annotations") != new["metadata"].get("annotations"))
+            });
             let generation = match old_generation {
                 None => 1,
                 Some(g) if spec_changed => g + 1,
@@ -508,9 +516,11 @@ impl State {
         body["metadata"]["name"] = json!(name);
         let scope = Self::scope(rt, None);
         Self::prepare(rt, namespace, None, &mut body, scope)?;
+        validation::validate(rt, None, &body)?;
         let mut managers = Vec::new();
         let now = now_rfc3339();
-        let writer = Writer { manager, subresource: None, scope, now: &now };
+        let root = Schema::get().kind(&rt.api_version(), rt.kind);
+        let writer = Writer { root, manager, subresource: None, scope, now: &now };
         ssa::record_update(None, &body, &mut managers, writer);
         Ok(self.commit(&key, "ADDED", Stored { value: body, managers }, None))
     }
@@ -603,6 +613,7 @@ impl State {
         body["metadata"]["name"] = json!(name);
         let scope = Self::scope(rt, subresource);
         Self::prepare(rt, namespace, Some(&old.value), &mut body, scope)?;
+        validation::validate(rt, Some(&old.value), &body)?;
         let deleting = old.value["metadata"].get("deletionTimestamp").is_some();
         let added_finalizer = body["metadata"]["finalizers"].as_array().is_some_and(|new| {
             new.iter().any(|f| {
@@ -614,7 +625,8 @@ impl State {
         }
         let mut managers = old.managers.clone();
         let now = now_rfc3339();
-        let writer = Writer { manager, subresource, scope, now: &now };
+        let root = Schema::get().kind(&rt.api_version(), rt.kind);
+        let writer = Writer { root, manager, subresource, scope, now: &now };
         ssa::record_update(Some(&old.value), &body, &mut managers, writer);
         body["metadata"]["resourceVersion"] = old.value["metadata"]["resourceVersion"].clone();
         Ok(self.replace(&key, &old, Stored { value: body, managers }))
@@ -663,6 +675,17 @@ impl State {
                 "apiVersion and kind are required in an applied configuration",
             ));
         }
+        let root = Schema::get().kind(&rt.api_version(), rt.kind);
+        if let Some(field) = Schema::get().undeclared(root, &applied) {
+            let (group_version, kind) = (rt.api_version(), rt.kind);
+            let group_version =
+                if rt.group.is_empty() { format!("/{group_version}") } else { group_version };
+            return Err(ApiError::new(
+                500,
+                "",
+                format!("failed to create typed patch object ({namespace}/{name}; {group_version}, Kind={kind}): {field}: field not declared in schema"),
+            ));
+        }
         applied["metadata"]["name"] = json!(name);
         let scope = Self::scope(rt, subresource);
         let key = Self::key(rt, namespace, name);
@@ -672,20 +695,23 @@ impl State {
         }
         let mut managers = old.as_ref().map(|o| o.managers.clone()).unwrap_or_default();
         let now = now_rfc3339();
-        let writer = Writer { manager, subresource, scope, now: &now };
+        let root = Schema::get().kind(&rt.api_version(), rt.kind);
+        let writer = Writer { root, manager, subresource, scope, now: &now };
         let merged = ssa::apply(old.as_ref().map(|o| &o.value), &mut managers, writer, &applied, force)
             .map_err(|conflicts| {
                 let causes: Vec<Value> = conflicts
                     .iter()
-                    .map(|c| json!({"type": "FieldManagerConflict", "message": format!("conflict with \"{}\"", c.manager), "field": c.field}))
+                    .map(|c| json!({"reason": "FieldManagerConflict", "message": format!("conflict with \"{}\"", c.manager), "field": c.field}))
                     .collect();
                 let summary: Vec<String> = conflicts.iter().map(|c| format!("conflict with \"{}\": {}", c.manager, c.field)).collect();
-                let mut e = ApiError::new(409, "Conflict", format!("Apply failed with {} conflict(s): {}", conflicts.len(), summary.join(", ")));
+                let noun = if conflicts.len() == 1 { "conflict" } else { "conflicts" };
+                let mut e = ApiError::new(409, "Conflict", format!("Apply failed with {} {noun}: {}", conflicts.len(), summary.join("\n")));
                 e.details = Some(json!({"name": name, "kind": rt.plural, "causes": causes}));
                 e
             })?;
         let mut value = merged;
         Self::prepare(rt, namespace, old.as_ref().map(|o| &o.value), &mut value, scope)?;
+        validation::validate(rt, old.as_ref().map(|o| &o.value), &value)?;
         match old {
             None => Ok(self.commit(&key, "ADDED", Stored { value, managers }, None)),
             Some(old) => {
@@ -744,7 +770,13 @@ impl State {
         let rendered = if already && new.value == old.value {
             Self::render(&old)
         } else if finalizers.is_empty() {
-            self.commit(&key, "DELETED", new, Some(old.value["metadata"]["labels"].clone()))
+            self.commit(&key, "DELETED", new, Some(old.value["metadata"]["labels"].clone()));
+            // As the real server: an object removed at once is answered
+            // with a Status; one that waits for finalizers, with itself.
+            json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                "details": {"name": name, "group": rt.group, "kind": rt.plural, "uid": uid},
+            })
         } else {
             self.commit(&key, "MODIFIED", new, Some(old.value["metadata"]["labels"].clone()))
         };
@@ -865,6 +897,7 @@ impl State {
         let mut new = old.clone();
         new.value["status"] = status;
         let writer = Writer {
+            root: Schema::get().kind("apps/v1", "Deployment"),
             manager: "kube-controller-manager",
             subresource: Some("status"),
             scope: Scope::Status,

@@ -167,7 +167,11 @@ fn kubectl_applies_gets_selects_and_deletes() {
     let deleted = ok(kubectl(&bin, &config, &["delete", "-f", file]));
     assert_eq!(
         deleted.lines().collect::<Vec<_>>(),
-        ["configmap \"cfg\" deleted", "service \"svc\" deleted", "deployment.apps \"web\" deleted"]
+        [
+            "configmap \"cfg\" deleted from default namespace",
+            "service \"svc\" deleted from default namespace",
+            "deployment.apps \"web\" deleted from default namespace"
+        ]
     );
     let missing = kubectl(&bin, &config, &["get", "configmap", "cfg"]);
     assert!(!missing.status.success());
