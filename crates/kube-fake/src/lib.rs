@@ -18,6 +18,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod protobuf;
 pub mod resources;
 pub mod schema;
 pub mod server;

@@ -246,15 +246,18 @@ async fn resource_request(
 ) -> Result<Response, ApiError> {
     let content_type =
         headers.get(header::CONTENT_TYPE).and_then(|h| h.to_str().ok()).unwrap_or("");
-    if content_type.starts_with("application/vnd.kubernetes.protobuf") {
-        // kubectl's imperative commands send protobuf for built-in types;
-        // 415 tells a client to send JSON instead.
-        return Err(ApiError::new(
-            415,
-            "UnsupportedMediaType",
-            format!("the body of type {content_type} is not supported by kube-fake; send JSON"),
-        ));
-    }
+    // kubectl's imperative commands send protobuf for built-in types: the
+    // kinds they create are read; anything else is refused with 415.
+    let decoded;
+    let body = if content_type.starts_with("application/vnd.kubernetes.protobuf") {
+        let object = crate::protobuf::decode(body).map_err(|why| {
+            ApiError::new(415, "UnsupportedMediaType", format!("{content_type}: {why}; send JSON"))
+        })?;
+        decoded = Bytes::from(object.to_string());
+        &decoded
+    } else {
+        body
+    };
     let is_watch = query.get("watch").is_some_and(|w| w == "true" || w == "1");
     let verb = match (method.as_str(), &target.name) {
         ("GET", Some(_)) => "get",
