@@ -548,3 +548,112 @@ async fn edits_by_others_are_repaired_and_metadata_only_changes_are_not_drift() 
     rig.wait_running("edge", 1).await;
     assert_eq!(rig.json(&["get", "deployment", "edge"])["status"]["availableReplicas"], 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_whose_selector_differs_is_recreated_not_retried_forever() {
+    let Some(mut rig) = Rig::start("immutable") else { return };
+    rig.reconciler(&[]);
+    rig.create("edge", GatewaySpec { image: image("1"), ..Default::default() }).await;
+    rig.wait_running("edge", 1).await;
+
+    // While no reconciler runs, the Deployment is replaced by one with
+    // another selector (as an older release might have left it).
+    rig.reconcilers[0].kill9();
+    rig.kubectl(&["delete", "deployment", "edge", "--wait=true"]);
+    let old = serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "edge", "namespace": rig.namespace,
+                     "labels": {"app.kubernetes.io/managed-by": "gantry", "gantry.dev/gateway": "edge"}},
+        "spec": {
+            "selector": {"matchLabels": {"app": "edge-old"}},
+            "template": {
+                "metadata": {"labels": {"app": "edge-old"}},
+                "spec": {
+                    "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "containers": [{"name": "gateway", "image": image("0"), "securityContext": {
+                        "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}}],
+                },
+            },
+        },
+    });
+    rig.plane.kubectl_stdin(
+        &["apply", "--server-side", "--field-manager=older-gantry", "-f", "-"],
+        &old.to_string(),
+    );
+    let old_uid = rig.json(&["get", "deployment", "edge"])["metadata"]["uid"].clone();
+
+    rig.reconcilers[0].spawn();
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let live = rig.json(&["get", "deployment", "edge"]);
+        if live["metadata"]["uid"] != old_uid
+            && live["spec"]["selector"]["matchLabels"]
+                == serde_json::json!({"gantry.dev/gateway": "edge"})
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the Deployment was never recreated: {live}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    rig.wait_running("edge", 1).await;
+    assert_eq!(ready_pod_images(&rig), [image("1")]);
+    assert!(rig.reconcilers[0].logs().contains("recreating the object"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rendered_manifests_pass_strict_validation_and_the_restricted_standard() {
+    use gantry_reconciler::render::{render, RenderSettings};
+    let Some(plane) = ControlPlane::shared() else { return };
+    let namespace = plane.namespace("render");
+    let spec = GatewaySpec {
+        supervisor_image: "ghcr.io/acme/supervisor:2".into(),
+        server_dns_names: vec!["edge.example.com".into(), "*.edge.example.com".into()],
+        oidc: Some(gantry_api::v1::Oidc {
+            issuer_url: "https://idp.example.com".into(),
+            client_id: "edge".into(),
+            audiences: vec!["api".into()],
+        }),
+        credential_driver: "vault".into(),
+        resources: Some(gantry_api::v1::ResourceRequirements {
+            requests: [
+                ("cpu".to_string(), "100m".to_string()),
+                ("memory".to_string(), "128Mi".to_string()),
+            ]
+            .into(),
+            limits: [
+                ("cpu".to_string(), "1".to_string()),
+                ("memory".to_string(), "256Mi".to_string()),
+            ]
+            .into(),
+        }),
+        ..full_spec("1")
+    };
+    let gateway = Gateway {
+        metadata: Some(ObjectMeta { name: "edge".into(), ..Default::default() }),
+        spec: Some(spec),
+        status: None,
+    };
+    let settings = RenderSettings { namespace: namespace.clone(), ..RenderSettings::default() };
+    let rendered = render(&gateway, &settings);
+    let kinds: Vec<&str> = rendered.manifests.iter().map(|m| m["kind"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["ServiceAccount", "ConfigMap", "Service", "Deployment", "Ingress", "PodDisruptionBudget"]
+    );
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": rendered.manifests});
+    let out = plane.kubectl_stdin(
+        &[
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "--validate=strict",
+            "--field-manager=render-test",
+            "-f",
+            "-",
+        ],
+        &list.to_string(),
+    );
+    let warnings = String::from_utf8_lossy(&out.stderr);
+    assert!(warnings.trim().is_empty(), "the API server warned: {warnings}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), rendered.manifests.len());
+}

@@ -581,3 +581,56 @@ impl Target for KubeTarget {
         "kube"
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn deployment(generation: i64, status: Value) -> Deployment {
+        serde_json::from_value(json!({
+            "metadata": {"name": "edge", "generation": generation},
+            "spec": {"replicas": 2, "selector": {}, "template": {}},
+            "status": status,
+        }))
+        .unwrap_or_default()
+    }
+
+    fn deadline_exceeded(observed: i64) -> Value {
+        json!({
+            "observedGeneration": observed, "replicas": 2, "updatedReplicas": 2,
+            "availableReplicas": 0,
+            "conditions": [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "timed out"}],
+        })
+    }
+
+    #[test]
+    fn a_rollout_is_judged_as_kubectl_rollout_status_does() {
+        // The controller has not seen the new generation: its conditions
+        // describe the old one, so a fix is not reported as stalled.
+        assert!(matches!(
+            rollout(&deployment(3, deadline_exceeded(2))),
+            Workload::Progressing { .. }
+        ));
+        assert!(matches!(rollout(&deployment(2, deadline_exceeded(2))), Workload::Stalled { .. }));
+        let complete = json!({"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2, "availableReplicas": 2});
+        assert_eq!(rollout(&deployment(2, complete)), Workload::Available);
+        let old_pods = json!({"observedGeneration": 2, "replicas": 3, "updatedReplicas": 2, "availableReplicas": 2});
+        assert!(matches!(rollout(&deployment(2, old_pods)), Workload::Progressing { .. }));
+    }
+
+    #[test]
+    fn only_a_refused_immutable_change_recreates() {
+        let refusal = |code: u16, message: &str| {
+            kube::Error::Api(
+                kube::core::Status { code, message: message.into(), ..Default::default() }.boxed(),
+            )
+        };
+        assert!(is_immutable_change(&refusal(
+            422,
+            "Deployment.apps \"edge\" is invalid: spec.selector: Invalid value: {}: field is immutable"
+        )));
+        assert!(!is_immutable_change(&refusal(422, "spec.replicas: Invalid value: -1")));
+        assert!(!is_immutable_change(&refusal(409, "field is immutable")));
+    }
+}
