@@ -249,6 +249,11 @@ impl ControlPlane {
                 format!("--audit-log-path={}", path("audit.log").display()),
                 "--audit-log-mode=blocking".into(),
                 "--enable-priority-and-fairness=false".into(),
+                // ConfigMaps are watched straight from etcd, whose history
+                // is compacted every second: a watch from an old
+                // resourceVersion gets 410 Gone, as on a busy cluster.
+                "--watch-cache-sizes=configmaps#0".into(),
+                "--etcd-compaction-interval=1s".into(),
                 "--profiling=false".into(),
             ],
         );

@@ -97,8 +97,10 @@ fn deployment(name: &str, selector: Value, image: &str, annotations: Value) -> V
     })
 }
 
-/// The scripted scenarios, run in namespace `ns` of one server.
-async fn scenarios(client: kube::Client, ns: &str) -> Observations {
+/// The scripted scenarios, run in namespace `ns` of one server; `compact`
+/// makes the server forget its watch history (a real server keeps a
+/// bounded window, already past resourceVersion 1).
+async fn scenarios(client: kube::Client, ns: &str, compact: &(dyn Fn() + Sync)) -> Observations {
     let mut seen = Observations::new();
     let cms = api(&client, ns, "v1", "ConfigMap");
 
@@ -222,6 +224,20 @@ async fn scenarios(client: kube::Client, ns: &str) -> Observations {
         }
     }
     seen.insert("watch from a listed resourceVersion".into(), json!(events));
+    // A resourceVersion older than what the server keeps: 410 Gone, so the
+    // client relists (kube-fake is asked to forget its history first).
+    compact();
+    let mut stream = cms.watch(&WatchParams::default().timeout(5), "1").await.unwrap().boxed();
+    let first = match stream.next().await {
+        Some(Ok(WatchEvent::Error(e))) => json!(["ERROR", e.code, e.reason]),
+        Some(Ok(WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o))) => {
+            json!(["an event of", o.metadata.name])
+        }
+        Some(Ok(WatchEvent::Bookmark(b))) => json!(["a bookmark at", b.metadata.resource_version]),
+        Some(Err(e)) => error(&e),
+        None => json!("nothing"),
+    };
+    seen.insert("watch from a resourceVersion too old".into(), first);
 
     // Deletion: with a finalizer the object stays until it is removed.
     apply(&cms, "mgr-a", false, {
@@ -283,7 +299,7 @@ fn kubectl_creates(kubectl: &Path, kubeconfig: &Path, ns: &str) -> Value {
 async fn kube_fake_answers_as_the_real_api_server_does() {
     let Some(plane) = ControlPlane::shared() else { return };
     let real_ns = plane.namespace("diff");
-    let real = scenarios(plane.client(&plane.admin_kubeconfig).await, &real_ns).await;
+    let real = scenarios(plane.client(&plane.admin_kubeconfig).await, &real_ns, &|| {}).await;
     let mut real_all = real.clone();
     real_all.insert(
         "kubectl create".into(),
@@ -303,7 +319,7 @@ async fn kube_fake_answers_as_the_real_api_server_does() {
         ),
     )
     .unwrap();
-    let mut fake_all = scenarios(fake_client, "default").await;
+    let mut fake_all = scenarios(fake_client, "default", &|| fake.compact()).await;
     fake_all.insert(
         "kubectl create".into(),
         kubectl_creates(&gantry_e2e::k8s::kubectl().unwrap(), &fake_kubeconfig, "default"),
