@@ -370,3 +370,32 @@ pub async fn replay_creations(client: &mut gantry_client::GatewayClient, until: 
     }
     revisions
 }
+
+/// Polls the store until `done` holds for gateway `name`, for at most
+/// `patience`; otherwise panics with its last status and `explain()` (for
+/// example the reconciler's logs).
+pub async fn wait_for_gateway(
+    client: &gantry_client::GatewayClient,
+    name: &str,
+    what: &str,
+    patience: Duration,
+    done: impl Fn(&gantry_api::v1::Gateway) -> bool,
+    explain: impl Fn() -> String,
+) -> gantry_api::v1::Gateway {
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        let request = gantry_api::v1::GetGatewayRequest { name: name.into() };
+        let gateway = client.clone().get_gateway(request).await.expect("get the gateway");
+        let gateway = gateway.into_inner();
+        if done(&gateway) {
+            return gateway;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} never became {what}: {:?}\n{}",
+            gateway.status,
+            explain()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

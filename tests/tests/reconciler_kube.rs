@@ -156,19 +156,7 @@ impl Rig {
 
     /// Polls the store until `done` holds for the gateway.
     async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Gateway) -> bool) -> Gateway {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
-            let g = self.get(name).await.unwrap();
-            if done(&g) {
-                return g;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{name} never became {what}: {:?}",
-                g.status
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        gantry_e2e::wait_for_gateway(&self.client, name, what, PATIENCE, done, String::new).await
     }
 
     async fn wait_running(&self, name: &str) -> Gateway {

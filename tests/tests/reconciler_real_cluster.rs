@@ -133,20 +133,8 @@ impl Rig {
 
     /// Polls the store until `done` holds for the gateway.
     async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Gateway) -> bool) -> Gateway {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
-            let g = self.get(name).await.unwrap();
-            if done(&g) {
-                return g;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{name} never became {what}: {:?}\nreconciler logs:\n{}",
-                g.status,
-                self.reconcilers.iter().map(|r| r.logs()).collect::<Vec<_>>().join("\n")
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let logs = || self.reconcilers.iter().map(|r| r.logs()).collect::<Vec<_>>().join("\n");
+        gantry_e2e::wait_for_gateway(&self.client, name, what, PATIENCE, done, logs).await
     }
 
     async fn wait_running(&self, name: &str, generation: i64) -> Gateway {
