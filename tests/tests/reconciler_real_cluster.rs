@@ -573,8 +573,11 @@ async fn a_deployment_whose_selector_differs_is_recreated_not_retried_forever() 
     rig.reconcilers[0].spawn();
     let deadline = std::time::Instant::now() + PATIENCE;
     loop {
-        let live = rig.json(&["get", "deployment", "edge"]);
+        // Between its deletion and the new apply there is no Deployment.
+        let text = rig.kubectl(&["get", "deployment", "edge", "-o", "json", "--ignore-not-found"]);
+        let live: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
         if live["metadata"]["uid"] != old_uid
+            && !live.is_null()
             && live["spec"]["selector"]["matchLabels"]
                 == serde_json::json!({"gantry.dev/gateway": "edge"})
         {
