@@ -23,6 +23,7 @@ use prost_types::FieldMask;
 use serde_json::Value;
 
 const PATIENCE: Duration = Duration::from_secs(90);
+/// A config entry of several KB, as real gateways carry.
 /// Kinds a gateway with a route and several replicas owns, as
 /// `kubectl get` names them.
 const OWNED: &str =
@@ -41,11 +42,16 @@ struct Rig {
 
 impl Rig {
     fn start(prefix: &str) -> Option<Rig> {
+        let dir = temp_dir(prefix);
+        let database = format!("sqlite://{}", dir.join("gantry.db").display());
+        Self::start_on(prefix, &database, dir)
+    }
+
+    /// As [`Rig::start`], with the store on `database`.
+    fn start_on(prefix: &str, database: &str, dir: std::path::PathBuf) -> Option<Rig> {
         let plane = ControlPlane::shared()?;
         let namespace = plane.namespace(prefix);
-        let dir = temp_dir(prefix);
-        let store =
-            StoreProcess::start(&format!("sqlite://{}", dir.join("gantry.db").display()), &dir);
+        let store = StoreProcess::start(database, &dir);
         let client = ClientConfig { endpoint: store.endpoint(), ..Default::default() }
             .connect_lazy()
             .unwrap();
@@ -92,6 +98,7 @@ impl Rig {
         self.kubectl(&["get", kinds, "-o", "name"])
             .lines()
             .filter(|l| !l.ends_with("/kube-root-ca.crt") && !l.ends_with("serviceaccount/default"))
+            .filter(|l| !l.contains("/team-"))
             .map(str::to_string)
             .collect()
     }
@@ -194,6 +201,13 @@ impl Drop for Rig {
     }
 }
 
+/// A config entry of several KB, as real gateways carry.
+fn routes() -> String {
+    (0..120)
+        .map(|i| format!("- host: svc-{i}.example.com\n  backend: http://svc-{i}:8080\n"))
+        .collect()
+}
+
 fn image(tag: &str) -> String {
     format!("ghcr.io/acme/gateway:{tag}")
 }
@@ -203,7 +217,8 @@ fn full_spec(tag: &str) -> GatewaySpec {
         image: image(tag),
         replicas: Some(2),
         route: Some(Route { host: "edge.example.com".into(), tls_secret_name: "edge-tls".into() }),
-        config: [("mode".to_string(), "strict".to_string())].into(),
+        config: [("mode".to_string(), "strict".to_string()), ("routes.yaml".to_string(), routes())]
+            .into(),
         resources: Some(gantry_api::v1::ResourceRequirements {
             requests: [("cpu".to_string(), "100m".to_string())].into(),
             limits: [("cpu".to_string(), "1".to_string())].into(),
@@ -231,7 +246,52 @@ fn ready_pod_images(rig: &Rig) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_rolls_out_changes_and_is_deleted_with_everything_it_owns() {
-    let Some(mut rig) = Rig::start("lifecycle") else { return };
+    let Some(rig) = Rig::start("lifecycle") else { return };
+    lifecycle(rig).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_rolls_out_changes_and_is_deleted_on_postgres() {
+    let Some(postgres) = gantry_e2e::TempPostgres::create().await else { return };
+    let Some(rig) = Rig::start_on("lifecycle-pg", &postgres.url, temp_dir("lifecycle-pg")) else {
+        return;
+    };
+    lifecycle(rig).await;
+    postgres.drop_database().await;
+}
+
+/// Objects in the namespace that gantry does not own (named `team-*`): two
+/// of kinds it manages, one carrying its labels for another gateway.
+fn foreign_objects(rig: &Rig) -> Vec<Value> {
+    let labelled = serde_json::json!({"app.kubernetes.io/managed-by": "gantry", "gantry.dev/gateway": "other"});
+    vec![
+        serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "team-settings", "namespace": rig.namespace}, "data": {"k": "v"}}),
+        serde_json::json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "team-robot", "namespace": rig.namespace}}),
+        serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "team-other", "namespace": rig.namespace, "labels": labelled}, "data": {"k": "v"}}),
+    ]
+}
+
+/// `kind/name` → resourceVersion of the foreign objects.
+fn versions(rig: &Rig, objects: &[Value]) -> Vec<(String, Value)> {
+    objects
+        .iter()
+        .map(|o| {
+            let (kind, name) =
+                (o["kind"].as_str().unwrap(), o["metadata"]["name"].as_str().unwrap());
+            let live = rig.json(&["get", kind, name]);
+            (format!("{kind}/{name}"), live["metadata"]["resourceVersion"].clone())
+        })
+        .collect()
+}
+
+async fn lifecycle(mut rig: Rig) {
+    let foreign = foreign_objects(&rig);
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": foreign});
+    rig.plane.kubectl_stdin(
+        &["apply", "--server-side", "--field-manager=team", "-f", "-"],
+        &list.to_string(),
+    );
+    let foreign_before = versions(&rig, &foreign);
     rig.reconciler(&[]);
 
     rig.create("edge", full_spec("1")).await;
@@ -260,6 +320,7 @@ async fn a_gateway_rolls_out_changes_and_is_deleted_with_everything_it_owns() {
     assert_eq!(deployment["status"]["observedGeneration"], deployment["metadata"]["generation"]);
     let config = rig.json(&["get", "configmap", "edge"]);
     assert_eq!(config["data"]["mode"], "strict");
+    assert_eq!(config["data"]["routes.yaml"].as_str().unwrap(), routes());
 
     // A new generation rolls out through a second ReplicaSet.
     rig.set_spec("edge", full_spec("2")).await;
@@ -285,12 +346,24 @@ async fn a_gateway_rolls_out_changes_and_is_deleted_with_everything_it_owns() {
     rig.delete("edge").await;
     rig.wait_gone("edge").await;
     rig.wait_empty(&format!("{OWNED},replicasets,pods"));
-    let refused: Vec<_> = rig
-        .reconciler_requests()
-        .into_iter()
-        .filter(|e| e["responseStatus"]["code"] == 403)
-        .collect();
+    let events = rig.reconciler_requests();
+    let refused: Vec<_> = events.iter().filter(|e| e["responseStatus"]["code"] == 403).collect();
     assert!(refused.is_empty(), "the reconciler was refused: {refused:?}");
+
+    // Nothing it does not own was touched: the foreign objects are as they
+    // were, and every write it made was to the gateway's own objects.
+    assert_eq!(versions(&rig, &foreign), foreign_before);
+    let writes: Vec<_> = events
+        .iter()
+        .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch" | "delete")))
+        .collect();
+    assert!(!writes.is_empty());
+    let foreign_writes: Vec<_> =
+        writes.iter().filter(|e| e["objectRef"]["name"] != "edge").collect();
+    assert!(
+        foreign_writes.is_empty(),
+        "the reconciler wrote to objects it does not own: {foreign_writes:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
