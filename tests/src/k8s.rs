@@ -395,13 +395,15 @@ impl ControlPlane {
         }
     }
 
+    /// kubectl as the admin, with `args`.
+    fn admin_kubectl(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(self.bin.join("kubectl"));
+        command.arg("--kubeconfig").arg(&self.admin_kubeconfig).args(args);
+        command
+    }
+
     fn kubectl_raw(&self, args: &[&str]) -> Output {
-        Command::new(self.bin.join("kubectl"))
-            .arg("--kubeconfig")
-            .arg(&self.admin_kubeconfig)
-            .args(args)
-            .output()
-            .expect("run kubectl")
+        self.admin_kubectl(args).output().expect("run kubectl")
     }
 
     /// Runs kubectl as the admin and returns its stdout; panics with its
@@ -420,10 +422,8 @@ impl ControlPlane {
     /// Runs kubectl as the admin with `input` on stdin.
     pub fn kubectl_stdin(&self, args: &[&str], input: &str) -> Output {
         use std::io::Write;
-        let mut child = Command::new(self.bin.join("kubectl"))
-            .arg("--kubeconfig")
-            .arg(&self.admin_kubeconfig)
-            .args(args)
+        let mut child = self
+            .admin_kubectl(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -506,11 +506,7 @@ impl ControlPlane {
 
     /// deploy/ rendered by kustomize: `base` or an overlay's name.
     pub fn render(&self, what: &str) -> Vec<Value> {
-        let deploy = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy");
-        let dir =
-            if what == "base" { deploy.join("base") } else { deploy.join("overlays").join(what) };
-        let text = self.kubectl(&["kustomize", &dir.display().to_string()]);
-        text.split("\n---\n").filter(|doc| !doc.trim().is_empty()).map(yaml_to_json).collect()
+        kustomize(&self.bin.join("kubectl"), what)
     }
 
     /// Every audit event so far (JSON objects, `ResponseComplete` stage).
@@ -523,9 +519,14 @@ impl ControlPlane {
     }
 }
 
-/// One YAML document as JSON.
-fn yaml_to_json(doc: &str) -> Value {
-    serde_saphyr::from_str(doc).unwrap_or_else(|e| panic!("kustomize output does not parse: {e}"))
+/// deploy/ rendered by `kubectl kustomize`: `base` or an overlay's name.
+pub fn kustomize(kubectl: &Path, what: &str) -> Vec<Value> {
+    let deploy = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let dir = if what == "base" { deploy.join("base") } else { deploy.join("overlays").join(what) };
+    let out = Command::new(kubectl).arg("kustomize").arg(&dir).output().expect("run kubectl");
+    assert!(out.status.success(), "kustomize {what}: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("kustomize {what}: {e}"))
 }
 
 fn tail(text: &str, lines: usize) -> String {

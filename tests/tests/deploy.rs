@@ -8,11 +8,12 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 use gantry_e2e::binary;
+use gantry_e2e::k8s::kustomize;
 use serde_json::Value;
 
 const OVERLAYS: [&str; 3] = ["postgres", "ha", "dev"];
@@ -23,21 +24,6 @@ const USER_PROVIDED: [&str; 4] =
 /// The kubectl of the pinned Kubernetes release (tests/k8s/setup.sh).
 fn kubectl() -> Option<PathBuf> {
     gantry_e2e::k8s::kubectl()
-}
-
-fn deploy_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy")
-}
-
-fn render(kubectl: &Path, overlay: &str) -> Vec<Value> {
-    let out = Command::new(kubectl)
-        .args(["kustomize"])
-        .arg(deploy_dir().join("overlays").join(overlay))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "kustomize {overlay}: {}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8(out.stdout).unwrap();
-    serde_saphyr::from_multiple(&text).unwrap()
 }
 
 fn strip_nulls(v: &Value) -> Value {
@@ -276,17 +262,17 @@ fn check_overlay(overlay: &str, objects: &[Value]) {
 fn every_overlay_renders_to_strictly_valid_consistent_objects() {
     let Some(kubectl) = kubectl() else { return };
     for overlay in OVERLAYS {
-        let objects = render(&kubectl, overlay);
+        let objects = kustomize(&kubectl, overlay);
         check_overlay(overlay, &objects);
     }
-    let postgres = render(&kubectl, "postgres");
+    let postgres = kustomize(&kubectl, "postgres");
     let store = postgres
         .iter()
         .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "gateway-store")
         .unwrap();
     assert_eq!(store["spec"]["replicas"], 2);
     assert!(!postgres.iter().any(|o| o["kind"] == "PersistentVolumeClaim"));
-    let ha = render(&kubectl, "ha");
+    let ha = kustomize(&kubectl, "ha");
     let reconciler = ha
         .iter()
         .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "gateway-reconciler")

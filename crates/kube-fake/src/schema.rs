@@ -90,29 +90,12 @@ impl Schema {
 
     /// Reads the compact form.
     pub fn from_compact(compact: &Value) -> Schema {
-        let kinds = compact["kinds"]
-            .as_object()
-            .into_iter()
-            .flatten()
-            .map(|(k, v)| (k.clone(), node_of(v)))
-            .collect();
-        let types = compact["types"]
-            .as_object()
-            .into_iter()
-            .flatten()
+        let kinds = entries(&compact["kinds"]).map(|(k, v)| (k.clone(), node_of(v))).collect();
+        let types = entries(&compact["types"])
             .map(|(name, t)| {
-                let fields = t["fields"]
-                    .as_object()
-                    .into_iter()
-                    .flatten()
-                    .map(|(k, v)| (k.clone(), node_of(v)))
-                    .collect();
-                let defaults = t["defaults"]
-                    .as_object()
-                    .into_iter()
-                    .flatten()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect();
+                let fields = entries(&t["fields"]).map(|(k, v)| (k.clone(), node_of(v))).collect();
+                let defaults =
+                    entries(&t["defaults"]).map(|(k, v)| (k.clone(), v.clone())).collect();
                 (name.clone(), Struct { fields, atomic: t["atomic"] == true, defaults })
             })
             .collect();
@@ -172,6 +155,11 @@ impl Schema {
             _ => None,
         }
     }
+}
+
+/// The entries of a JSON object (none for anything else).
+fn entries(v: &Value) -> impl Iterator<Item = (&String, &Value)> {
+    v.as_object().into_iter().flatten()
 }
 
 fn node_of(v: &Value) -> Node {

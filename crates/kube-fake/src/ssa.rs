@@ -162,7 +162,10 @@ fn walk(node: &Node, value: &Value, path: Path, out: &mut FieldSet) {
         }
         Value::Array(items) => match schema().shape(node) {
             Shape::List(item_node, ListType::Map(keys)) => {
-                let item_struct = map_keys(node).and_then(|(_, s)| s);
+                let item_struct = match schema().shape(item_node) {
+                    Shape::Struct(s) => Some(s),
+                    _ => None,
+                };
                 for item in items {
                     let mut p = path.clone();
                     p.push(PathElement::Key(item_key(item, keys, item_struct)));
