@@ -21,6 +21,7 @@ use gantry_kube_fake::{FaultAction, FaultRule, KubeFake, Options};
 use gantry_reconciler::controller::{Controller, Settings};
 use gantry_reconciler::metrics::Metrics;
 use gantry_reconciler::render::{RenderSettings, LABEL_GATEWAY};
+use gantry_reconciler::store::GrpcStore;
 use gantry_reconciler::target::kube::KubeTarget;
 use prost_types::FieldMask;
 
@@ -76,7 +77,7 @@ async fn under_random_cluster_faults_gateways_converge_or_fail_truthfully() {
         poll_interval: Duration::from_millis(100),
     };
     let controller = Controller::new(
-        config.connect_lazy().unwrap(),
+        Arc::new(GrpcStore::new(config.connect_lazy().unwrap())),
         Arc::new(KubeTarget::new(kube_client.clone(), "default")),
         settings,
         Arc::new(Metrics::default()),

@@ -20,8 +20,9 @@ use gantry_reconciler::leader::{self, ElectionSettings};
 use gantry_reconciler::metrics::Metrics;
 use gantry_reconciler::render::Rendered;
 use gantry_reconciler::status::Observation;
+use gantry_reconciler::store::GrpcStore;
 use gantry_reconciler::target::kube::KubeTarget;
-use gantry_reconciler::target::{Target, TargetError};
+use gantry_reconciler::target::{Owner, Target, TargetError};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use serde_json::Value;
@@ -37,18 +38,18 @@ struct Counted {
 
 #[tonic::async_trait]
 impl Target for Counted {
-    async fn apply(&self, gateway: &str, manifests: &[Value]) -> Result<(), TargetError> {
+    async fn apply(&self, gateway: &Owner, manifests: &[Value]) -> Result<(), TargetError> {
         self.applies.fetch_add(1, Ordering::SeqCst);
         self.inner.apply(gateway, manifests).await
     }
     async fn observe(
         &self,
-        gateway: &str,
+        gateway: &Owner,
         rendered: &Rendered,
     ) -> Result<Observation, TargetError> {
         self.inner.observe(gateway, rendered).await
     }
-    async fn delete(&self, gateway: &str) -> Result<bool, TargetError> {
+    async fn delete(&self, gateway: &Owner) -> Result<bool, TargetError> {
         self.inner.delete(gateway).await
     }
     fn watch_owned(&self) -> Option<BoxStream<'static, String>> {
@@ -73,7 +74,12 @@ fn start_replica(identity: &str, store: &StoreProcess, kube_client: &kube::Clien
     let client =
         ClientConfig { endpoint: store.endpoint(), ..Default::default() }.connect_lazy().unwrap();
     let settings = Settings { poll_interval: Duration::from_millis(100), ..Settings::default() };
-    let controller = Controller::new(client, target, settings, Arc::new(Metrics::default()));
+    let controller = Controller::new(
+        Arc::new(GrpcStore::new(client)),
+        target,
+        settings,
+        Arc::new(Metrics::default()),
+    );
     let (leading_tx, leading) = tokio::sync::watch::channel(false);
     let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let election = ElectionSettings {

@@ -18,6 +18,7 @@ use gantry_kube_fake::{FaultAction, FaultRule, KubeFake, Options};
 use gantry_reconciler::controller::{Controller, Settings, FINALIZER, RETRY_ANNOTATION};
 use gantry_reconciler::metrics::Metrics;
 use gantry_reconciler::render::RenderSettings;
+use gantry_reconciler::store::{GatewayStore, GrpcStore};
 use gantry_reconciler::target::kube::KubeTarget;
 use gantry_reconciler::target::Target;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -61,6 +62,10 @@ fn settings() -> Settings {
     }
 }
 
+fn grpc_store(config: &ClientConfig) -> Arc<dyn GatewayStore> {
+    Arc::new(GrpcStore::new(config.connect_lazy().unwrap()))
+}
+
 impl Rig {
     async fn start() -> Rig {
         Self::start_with(settings()).await
@@ -82,8 +87,7 @@ impl Rig {
         let client = gantry_client::connect(&config).await.unwrap();
         let target: Arc<dyn Target> = Arc::new(KubeTarget::new(kube_client.clone(), "default"));
         let metrics = Arc::new(Metrics::default());
-        let controller =
-            Controller::new(config.connect_lazy().unwrap(), target, settings, metrics.clone());
+        let controller = Controller::new(grpc_store(&config), target, settings, metrics.clone());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let reconciler = tokio::spawn(controller.run(async {
             let _ = stopped.await;

@@ -12,7 +12,9 @@
 
 pub mod watch;
 
-use std::time::Duration;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use gantry_api::v1::gateway_service_client::GatewayServiceClient;
 use tonic::metadata::{Ascii, MetadataValue};
@@ -26,21 +28,84 @@ pub type GatewayClient = GatewayServiceClient<InterceptedService<Channel, Bearer
 /// Adds `authorization: Bearer <token>` to every request. `Debug` hides
 /// the token.
 #[derive(Clone)]
-pub struct BearerToken(Option<MetadataValue<Ascii>>);
+pub enum BearerToken {
+    Fixed(Option<MetadataValue<Ascii>>),
+    /// Read from a file, again whenever the file changes (a rotated or
+    /// renewed token is used without a restart, as Kubernetes' projected
+    /// tokens are).
+    File(Arc<TokenFile>),
+}
 
 impl std::fmt::Debug for BearerToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() { "BearerToken(***)" } else { "BearerToken(none)" })
+        match self {
+            BearerToken::Fixed(Some(_)) => f.write_str("BearerToken(***)"),
+            BearerToken::Fixed(None) => f.write_str("BearerToken(none)"),
+            BearerToken::File(file) => write!(f, "BearerToken(file {})", file.path.display()),
+        }
     }
 }
 
 impl tonic::service::Interceptor for BearerToken {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(value) = &self.0 {
-            request.metadata_mut().insert("authorization", value.clone());
+        let value = match self {
+            BearerToken::Fixed(value) => value.clone(),
+            BearerToken::File(file) => Some(file.current()?),
+        };
+        if let Some(value) = value {
+            request.metadata_mut().insert("authorization", value);
         }
         Ok(request)
     }
+}
+
+/// A token file, re-read when its modification time or size changes.
+pub struct TokenFile {
+    path: PathBuf,
+    cached: Mutex<Option<(FileStamp, MetadataValue<Ascii>)>>,
+}
+
+type FileStamp = (Option<SystemTime>, u64);
+
+impl std::fmt::Debug for TokenFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenFile").field("path", &self.path).finish_non_exhaustive()
+    }
+}
+
+impl TokenFile {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self { path: path.into(), cached: Mutex::new(None) }
+    }
+
+    /// The header value of the token now in the file. A file that cannot be
+    /// read or holds no valid token fails the call with UNAUTHENTICATED
+    /// naming the file (the store would refuse it anyway).
+    pub fn current(&self) -> Result<MetadataValue<Ascii>, Status> {
+        let unreadable = |reason: String| {
+            Status::unauthenticated(format!("token file {}: {reason}", self.path.display()))
+        };
+        let meta = std::fs::metadata(&self.path).map_err(|e| unreadable(e.to_string()))?;
+        let stamp = (meta.modified().ok(), meta.len());
+        let mut cached = self.cached.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((seen, value)) = cached.as_ref() {
+            if *seen == stamp {
+                return Ok(value.clone());
+            }
+        }
+        let text = std::fs::read_to_string(&self.path).map_err(|e| unreadable(e.to_string()))?;
+        let value = bearer_value(text.trim())
+            .map_err(|_| unreadable("not a valid token (empty or not ASCII)".into()))?;
+        *cached = Some((stamp, value.clone()));
+        Ok(value)
+    }
+}
+
+fn bearer_value(token: &str) -> Result<MetadataValue<Ascii>, ClientError> {
+    if token.is_empty() {
+        return Err(ClientError::Token);
+    }
+    format!("Bearer {token}").parse().map_err(|_| ClientError::Token)
 }
 
 /// Where and how to reach the store.
@@ -50,6 +115,9 @@ pub struct ClientConfig {
     pub endpoint: String,
     /// Bearer token; `None` for a store running `--allow-unauthenticated`.
     pub token: Option<String>,
+    /// File holding the bearer token, re-read when it changes; takes the
+    /// place of `token`.
+    pub token_file: Option<PathBuf>,
     /// PEM CA certificate to trust for `https://` endpoints.
     pub ca_pem: Option<Vec<u8>>,
     /// Domain name to verify the server certificate against, when it
@@ -62,6 +130,7 @@ impl std::fmt::Debug for ClientConfig {
         f.debug_struct("ClientConfig")
             .field("endpoint", &self.endpoint)
             .field("token", &self.token.as_ref().map(|_| "***"))
+            .field("token_file", &self.token_file)
             .field("ca_pem", &self.ca_pem.as_ref().map(|_| "..."))
             .field("tls_domain", &self.tls_domain)
             .finish()
@@ -104,11 +173,10 @@ impl ClientConfig {
     }
 
     fn bearer(&self) -> Result<BearerToken, ClientError> {
-        self.token
-            .as_ref()
-            .map(|t| format!("Bearer {t}").parse().map_err(|_| ClientError::Token))
-            .transpose()
-            .map(BearerToken)
+        if let Some(path) = &self.token_file {
+            return Ok(BearerToken::File(Arc::new(TokenFile::new(path))));
+        }
+        self.token.as_deref().map(bearer_value).transpose().map(BearerToken::Fixed)
     }
 
     /// A client that connects on first use and reconnects by itself.

@@ -99,7 +99,7 @@ pub const SPEC_FIELDS: [&str; 9] = [
 ];
 
 /// Fields of `GatewayStatus` an update mask may name as `status.<field>`.
-pub const STATUS_FIELDS: [&str; 9] = [
+pub const STATUS_FIELDS: [&str; 10] = [
     "phase",
     "observed_generation",
     "conditions",
@@ -109,6 +109,7 @@ pub const STATUS_FIELDS: [&str; 9] = [
     "failure_count",
     "next_retry_time",
     "message",
+    "failed_inputs",
 ];
 
 /// One writable path of an update mask (AIP-161).

@@ -251,10 +251,16 @@ fn apply_status(
         status.next_retry_time = incoming.next_retry_time;
     }
     if covers("message") {
-        if incoming.message.len() > 32 * 1024 {
-            return Err(RuleError::invalid("gateway.status.message", "at most 32768 characters"));
+        if incoming.message.len() > status::MAX_TEXT_BYTES {
+            return Err(RuleError::invalid("gateway.status.message", "at most 32768 bytes"));
         }
         status.message.clone_from(&incoming.message);
+    }
+    if covers("failed_inputs") {
+        if incoming.failed_inputs.len() > 128 {
+            return Err(RuleError::invalid("gateway.status.failed_inputs", "at most 128 bytes"));
+        }
+        status.failed_inputs.clone_from(&incoming.failed_inputs);
     }
     Ok(())
 }

@@ -8,7 +8,14 @@
 //! - new inputs (a spec change, a changed fingerprint, a retry request)
 //!   apply at once with a fresh budget;
 //! - an unchanged failure waits for its retry time: no apply, no status
-//!   write, so no reconcile can loop on its own writes.
+//!   write, so no reconcile can loop on its own writes;
+//! - the record is kept in the gateway's status (`failure_count`,
+//!   `failed_inputs`, `next_retry_time`, `message`): a restarted reconciler
+//!   or a new leader continues it ([`Attempts::recorded`],
+//!   [`RecoveryPolicy::resume`]) and spreads a fleet of overdue retries over
+//!   the window instead of retrying them all at once.
+//!
+//! Times are milliseconds since the Unix epoch, read by the caller.
 
 use std::time::Duration;
 
@@ -23,6 +30,15 @@ pub struct Inputs {
     pub retry_token: String,
 }
 
+impl Inputs {
+    /// A short fingerprint of these inputs, as kept in
+    /// `status.failed_inputs`.
+    pub fn key(&self) -> String {
+        let text = format!("{}\n{}\n{}", self.generation, self.fingerprint, self.retry_token);
+        crate::fingerprint::fingerprint(text.as_bytes())
+    }
+}
+
 /// The reconciler's memory of failed attempts for one gateway.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attempts {
@@ -32,6 +48,27 @@ pub struct Attempts {
     pub last_error: String,
     /// Milliseconds (on the caller's clock) before which nothing is retried.
     pub retry_at_ms: u64,
+}
+
+impl Attempts {
+    /// The record a status carries for `inputs`: `None` when it counts no
+    /// failure or counts them for other inputs (those are new inputs, with
+    /// a fresh budget).
+    pub fn recorded(
+        inputs: &Inputs,
+        failure_count: i32,
+        failed_inputs: &str,
+        retry_at_ms: u64,
+        last_error: &str,
+    ) -> Option<Attempts> {
+        let failures = u32::try_from(failure_count).ok().filter(|f| *f > 0)?;
+        (failed_inputs == inputs.key()).then(|| Attempts {
+            inputs: inputs.clone(),
+            failures,
+            last_error: last_error.to_string(),
+            retry_at_ms,
+        })
+    }
 }
 
 /// What to do about a gateway whose manifests need applying.
@@ -82,6 +119,24 @@ impl RecoveryPolicy {
     /// The wait after the budget is spent.
     pub fn failed_window(&self) -> Duration {
         self.sync_period.max(self.failed_window_floor)
+    }
+
+    /// A record read back from a status (after a restart or a change of
+    /// leader): a retry time still ahead is honoured; an overdue one is
+    /// moved to a random point (`random` in `[0, 1)`) of the wait it was
+    /// on, so a fleet of gateways that failed together is not retried in
+    /// one burst.
+    pub fn resume(&self, mut recorded: Attempts, now_ms: u64, random: f64) -> Attempts {
+        if recorded.retry_at_ms > now_ms {
+            return recorded;
+        }
+        let wait = if recorded.failures >= self.budget.max(1) {
+            self.failed_window()
+        } else {
+            self.backoff.delay(recorded.failures - 1, 0.0)
+        };
+        recorded.retry_at_ms = now_ms.saturating_add(ms(wait.mul_f64(random.clamp(0.0, 1.0))));
+        recorded
     }
 
     /// Whether to apply now.
@@ -176,6 +231,29 @@ mod tests {
         assert_eq!(p.decide(Some(&failed), &retry, 1), Decision::Apply, "a retry request");
         let next = p.on_failure(Some(&failed), &retry, "boom", 1, 0.0);
         assert_eq!(next.attempts.failures, 1, "the budget was reset");
+    }
+
+    #[test]
+    fn a_record_survives_in_status_and_resumes_spread_out() {
+        let p = policy();
+        let i = inputs("a");
+        let failed = p.on_failure(None, &i, "boom", 0, 0.0).attempts;
+        let read =
+            Attempts::recorded(&i, 1, &i.key(), failed.retry_at_ms, "boom").expect("a record");
+        assert_eq!(read, failed, "what the status keeps is the whole record");
+        assert_eq!(Attempts::recorded(&inputs("b"), 1, &i.key(), 100, "boom"), None, "new inputs");
+        assert_eq!(Attempts::recorded(&i, 0, &i.key(), 100, ""), None, "no failures");
+        let retry = Inputs { retry_token: "now".into(), ..i.clone() };
+        assert_ne!(retry.key(), i.key(), "a retry request is new input");
+        // Ahead: honoured as recorded.
+        assert_eq!(p.resume(failed.clone(), 50, 0.9).retry_at_ms, 100);
+        // Overdue and FAILED: spread over the window.
+        let exhausted = Attempts { failures: 3, retry_at_ms: 1_000, ..failed };
+        let spread: Vec<u64> = [0.0, 0.5, 0.99]
+            .iter()
+            .map(|r| p.resume(exhausted.clone(), 5_000, *r).retry_at_ms)
+            .collect();
+        assert_eq!(spread, [5_000, 35_000, 64_400]);
     }
 
     #[test]

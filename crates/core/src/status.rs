@@ -6,6 +6,37 @@ use prost_types::Timestamp;
 
 use crate::RuleError;
 
+/// Longest status text (message, a condition's or a step's message) the
+/// store accepts, in bytes.
+pub const MAX_TEXT_BYTES: usize = 32 * 1024;
+
+/// `text` cut to at most `max` bytes keeping its start and its end (an
+/// error's cause is often at the end), joined by a marker; on character
+/// boundaries.
+pub fn shorten(text: &str, max: usize) -> String {
+    const MARK: &str = " […] ";
+    if text.len() <= max {
+        return text.to_string();
+    }
+    if max <= MARK.len() {
+        return text[..floor_boundary(text, max)].to_string();
+    }
+    let keep = max - MARK.len();
+    let head = floor_boundary(text, keep / 2);
+    let mut tail = text.len() - (keep - head);
+    while !text.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!("{}{MARK}{}", &text[..head], &text[tail..])
+}
+
+fn floor_boundary(text: &str, mut at: usize) -> usize {
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    at
+}
+
 /// Rule 3: a new `observed_generation` must satisfy
 /// `current <= new <= generation`.
 pub fn check_observed_generation(current: i64, new: i64, generation: i64) -> Result<(), RuleError> {
@@ -78,6 +109,9 @@ pub fn validate_provisioning(steps: &[ProvisioningStep]) -> Result<(), RuleError
         if step.name.is_empty() || step.name.len() > 128 {
             return Err(RuleError::invalid(field(), "name is required, at most 128 characters"));
         }
+        if step.message.len() > MAX_TEXT_BYTES {
+            return Err(RuleError::invalid(field(), "message at most 32768 bytes"));
+        }
         if StepState::try_from(step.state).unwrap_or_default() == StepState::Unspecified {
             return Err(RuleError::invalid(
                 field(),
@@ -131,7 +165,7 @@ pub fn validate_conditions(conditions: &[Condition], generation: i64) -> Result<
         if ConditionStatus::try_from(c.status).unwrap_or_default() == ConditionStatus::Unspecified {
             return Err(RuleError::invalid(field(), "status must be TRUE, FALSE or UNKNOWN"));
         }
-        if c.reason.len() > 1024 || c.message.len() > 32 * 1024 {
+        if c.reason.len() > 1024 || c.message.len() > MAX_TEXT_BYTES {
             return Err(RuleError::invalid(
                 field(),
                 "reason at most 1024 and message at most 32768 characters",
@@ -179,6 +213,17 @@ pub fn check_phase(phase: i32, deleting: bool) -> Result<Phase, RuleError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shorten_keeps_start_and_end_within_the_limit() {
+        assert_eq!(shorten("short", 10), "short");
+        let long = format!("start {} the cause", "é".repeat(20_000));
+        let cut = shorten(&long, MAX_TEXT_BYTES);
+        assert!(cut.len() <= MAX_TEXT_BYTES, "{}", cut.len());
+        assert!(cut.starts_with("start ") && cut.ends_with(" the cause"), "{cut:.40}");
+        assert!(cut.contains("[…]"));
+        assert_eq!(shorten("ééé", 3), "é");
+    }
 
     fn step(name: &str, state: StepState) -> ProvisioningStep {
         ProvisioningStep { name: name.into(), state: state as i32, message: String::new() }

@@ -168,10 +168,14 @@ async fn run(cli: Cli) -> Result<(), CtlError> {
         ),
         None => None,
     };
-    let client =
-        gantry_client::ClientConfig { endpoint: server.clone(), token, ca_pem, tls_domain: None }
-            .connect_lazy()
-            .map_err(|e| CtlError::Message(e.to_string()))?;
+    let client = gantry_client::ClientConfig {
+        endpoint: server.clone(),
+        token,
+        ca_pem,
+        ..Default::default()
+    }
+    .connect_lazy()
+    .map_err(|e| CtlError::Message(e.to_string()))?;
     let ctl = Ctl { client, server };
     let mut out = std::io::stdout().lock();
     match cli.command {

@@ -1,38 +1,45 @@
 //! The control loop.
 //!
 //! ```text
-//! store watch (list-then-watch) ─┐
-//! owned-object watch ────────────┼─► work queue ─► workers ─► reconcile(name)
-//! periodic resync (jittered) ────┘                               │
-//!   finalizer ─► render ─► recovery policy ─► target.apply/observe/delete
-//!   ─► one UpdateGateway with an update mask and the resource_version read
+//! store watch (list-then-watch, restarted) ─┐
+//! owned-object watches ─────────────────────┼─► work queue ─► workers
+//! periodic resync (jittered) ───────────────┘        ▲           │
+//!                                                    │   reconcile(gateway)
+//!                                                    └── Action / ReconcileError
 //! ```
 //!
-//! The cache holds the newest Gateway seen (from the watch or from our own
-//! writes). A pass does no IO when there is nothing to do: a status-only or
-//! label-only change of a converged gateway renders the same fingerprint
-//! and ends without touching the cluster.
+//! [`Controller::reconcile`] is one pass over one gateway: finalizer,
+//! render, recovery policy, target apply/observe/delete, and at most one
+//! status write. It returns what to do next ([`Action`]) and never touches
+//! the queue itself; the worker loop does. The cache holds the newest
+//! Gateway seen (from the watch or from our own writes). A pass does no IO
+//! when there is nothing to do.
+//!
+//! The recovery record (failures for the current inputs, their
+//! fingerprint, the next retry time) lives in the gateway's status: a
+//! restarted process or a new leader reads it back and continues.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::StreamExt;
-use gantry_api::v1::{
-    Gateway, GatewayStatus, GetGatewayRequest, ObjectMeta, Phase, UpdateGatewayRequest,
-};
-use gantry_client::watch::{list_then_watch, WatchOptions, WatchUpdate};
-use gantry_client::GatewayClient;
+use gantry_api::v1::{Gateway, GatewayStatus, ObjectMeta, Phase};
+use gantry_client::watch::WatchUpdate;
 use gantry_core::recovery::{Attempts, Decision, Inputs, RecoveryPolicy};
-use prost_types::{FieldMask, Timestamp};
+use gantry_core::retry::Backoff;
+use gantry_core::status::{shorten, MAX_TEXT_BYTES};
+use prost_types::Timestamp;
+use tokio::time::Instant;
 use tonic::Code;
 
 use crate::metrics::{Metrics, PhaseLabels};
 use crate::queue::WorkQueue;
 use crate::render::{render, RenderSettings, Rendered};
-use crate::status::{self, Workload, STATUS_PATHS};
-use crate::target::Target;
+use crate::status::{self, Observation, Workload, STATUS_PATHS};
+use crate::store::GatewayStore;
+use crate::target::{Owner, Target, TargetError};
 
 /// The reconciler's finalizer on every gateway it has seen.
 pub const FINALIZER: &str = "gantry.dev/reconciler";
@@ -41,6 +48,8 @@ pub const FINALIZER: &str = "gantry.dev/reconciler";
 pub const RETRY_ANNOTATION: &str = "gantry.dev/retry-requested-at";
 /// Longest a call to the store may take.
 pub const STORE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest an apply or a cleanup of one gateway may take.
+pub const TARGET_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How the control loop behaves.
 #[derive(Debug, Clone)]
@@ -67,19 +76,76 @@ impl Default for Settings {
     }
 }
 
-/// The controller: cache, records, queue and the reconcile pass.
+/// What the worker does after a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Action {
+    /// For the `reconciles` metric: applied, observed, unchanged, waiting,
+    /// failed, deleting, deleted, gone.
+    pub outcome: &'static str,
+    /// Check again after this long; `None`: when something changes (or at
+    /// the next resync).
+    pub requeue_after: Option<Duration>,
+}
+
+impl Action {
+    fn done(outcome: &'static str) -> Self {
+        Self { outcome, requeue_after: None }
+    }
+
+    fn after(outcome: &'static str, delay: Duration) -> Self {
+        Self { outcome, requeue_after: Some(delay) }
+    }
+}
+
+/// Why a pass could not finish; the worker retries with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// The gateway changed since it was read (ABORTED): run again at once
+    /// on the fresh copy.
+    #[error("the gateway changed meanwhile")]
+    Conflict,
+    #[error("gateway-store: {0}")]
+    Store(String),
+    #[error("cannot observe the gateway's objects: {0}")]
+    Observe(TargetError),
+    #[error("cleanup failed: {0}")]
+    Cleanup(TargetError),
+}
+
+impl ReconcileError {
+    /// The `reconciles{outcome=...}` label.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ReconcileError::Conflict => "status_conflict",
+            ReconcileError::Store(_) => "store_error",
+            ReconcileError::Observe(_) => "observe_error",
+            ReconcileError::Cleanup(_) => "cleanup_error",
+        }
+    }
+}
+
+/// The controller: cache, queue and the reconcile pass.
 #[derive(Debug)]
 pub struct Controller {
-    client: GatewayClient,
+    store: Arc<dyn GatewayStore>,
     target: Arc<dyn Target>,
     settings: Settings,
     cache: Mutex<HashMap<String, Gateway>>,
+    /// Failure records this process holds (read from status, or newer than
+    /// what status shows when a status write failed).
     records: Mutex<HashMap<String, Attempts>>,
+    /// Consecutive errors per gateway, for the worker's backoff.
+    errors: Mutex<HashMap<String, u32>>,
     first_seen: Mutex<HashMap<(String, i64), Instant>>,
     queue: WorkQueue,
     pub metrics: Arc<Metrics>,
-    epoch: Instant,
+    /// Wall clock at `started` (the policy's times are Unix milliseconds;
+    /// reading them through tokio's clock lets tests pause time).
+    wall_start_ms: u64,
+    started: Instant,
     synced: AtomicBool,
+    /// Why the store watch is down, while it is.
+    watch_down: Mutex<Option<String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -94,25 +160,62 @@ fn rv_of(g: &Gateway) -> i64 {
     g.metadata.as_ref().map_or(0, |m| m.resource_version)
 }
 
+fn timestamp_ms(t: Option<&Timestamp>) -> u64 {
+    t.map_or(0, |t| {
+        let ms = t.seconds.saturating_mul(1000).saturating_add(i64::from(t.nanos / 1_000_000));
+        u64::try_from(ms).unwrap_or(0)
+    })
+}
+
+fn ms_timestamp(ms: u64) -> Timestamp {
+    Timestamp {
+        seconds: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
+        nanos: i32::try_from((ms % 1000) * 1_000_000).unwrap_or(0),
+    }
+}
+
+/// A deleted gateway whose last finalizer is gone: the store removed it.
+fn is_removed(g: &Gateway) -> bool {
+    g.metadata.as_ref().is_some_and(|m| m.delete_time.is_some() && m.finalizers.is_empty())
+}
+
 impl Controller {
     pub fn new(
-        client: GatewayClient,
+        store: Arc<dyn GatewayStore>,
         target: Arc<dyn Target>,
         settings: Settings,
         metrics: Arc<Metrics>,
     ) -> Arc<Self> {
+        let wall_start_ms = u64::try_from(
+            SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis(),
+        )
+        .unwrap_or(u64::MAX);
         Arc::new(Self {
-            client,
+            store,
             target,
             settings,
             cache: Mutex::default(),
             records: Mutex::default(),
+            errors: Mutex::default(),
             first_seen: Mutex::default(),
             queue: WorkQueue::default(),
             metrics,
-            epoch: Instant::now(),
+            wall_start_ms,
+            started: Instant::now(),
             synced: AtomicBool::new(false),
+            watch_down: Mutex::default(),
         })
+    }
+
+    /// `Ok` when the store is listed and watched; otherwise why not.
+    pub fn readiness(&self) -> Result<(), String> {
+        if let Some(reason) = lock(&self.watch_down).clone() {
+            return Err(format!("the watch of gateway-store is down: {reason}"));
+        }
+        if !self.synced.load(Ordering::Relaxed) {
+            return Err("the first list of gateway-store is not done".into());
+        }
+        Ok(())
     }
 
     /// Whether the first list of the store has been processed.
@@ -134,13 +237,25 @@ impl Controller {
         }
     }
 
+    /// Unix milliseconds now, on tokio's clock.
     fn now_ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+        let elapsed = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.wall_start_ms.saturating_add(elapsed)
     }
 
-    /// Keeps the newer of the cached and the given gateway.
+    /// The cached gateway.
+    pub fn cached(&self, name: &str) -> Option<Gateway> {
+        lock(&self.cache).get(name).cloned()
+    }
+
+    /// Keeps the newer of the cached and the given gateway; a gateway the
+    /// store removed is forgotten instead.
     fn remember(&self, gateway: Gateway) {
         let name = name_of(&gateway);
+        if is_removed(&gateway) {
+            self.forget(&name);
+            return;
+        }
         let mut cache = lock(&self.cache);
         if cache.get(&name).is_none_or(|c| rv_of(c) <= rv_of(&gateway)) {
             cache.insert(name, gateway);
@@ -150,6 +265,7 @@ impl Controller {
     fn forget(&self, name: &str) {
         lock(&self.cache).remove(name);
         lock(&self.records).remove(name);
+        lock(&self.errors).remove(name);
         lock(&self.first_seen).retain(|(n, _), _| n != name);
         self.queue.forget(name);
     }
@@ -161,8 +277,10 @@ impl Controller {
     }
 
     /// As [`Controller::run`], but passes run only while `leading` is true
-    /// (leader election). Followers keep their cache warm; a new leader
-    /// re-checks every gateway.
+    /// (leader election): losing it cancels the passes in flight. Followers
+    /// keep their cache warm; a new leader drops what it held in memory
+    /// (the status the previous leader wrote is the truth) and re-checks
+    /// every gateway.
     pub async fn run_while_leading(
         self: Arc<Self>,
         leading: tokio::sync::watch::Receiver<bool>,
@@ -174,10 +292,8 @@ impl Controller {
             tasks.push(tokio::spawn(async move {
                 while leading.changed().await.is_ok() {
                     if *leading.borrow_and_update() {
-                        let names: Vec<String> = lock(&controller.cache).keys().cloned().collect();
-                        for name in names {
-                            controller.queue.add(&name);
-                        }
+                        lock(&controller.records).clear();
+                        controller.requeue_all();
                     }
                 }
             }));
@@ -195,28 +311,7 @@ impl Controller {
         }
         tasks.push(tokio::spawn(self.clone().resync()));
         let workers: Vec<_> = (0..self.settings.concurrency.max(1))
-            .map(|_| {
-                let (controller, mut leading) = (self.clone(), leading.clone());
-                tokio::spawn(async move {
-                    loop {
-                        if leading.wait_for(|l| *l).await.is_err() {
-                            return;
-                        }
-                        let next = tokio::select! {
-                            next = controller.queue.next() => next,
-                            // Leadership lost: wait to lead again. The
-                            // election gone (its sender dropped): stop.
-                            lost = leading.wait_for(|l| !*l) => match lost {
-                                Ok(_) => continue,
-                                Err(_) => return,
-                            },
-                        };
-                        let Some(name) = next else { return };
-                        controller.reconcile(&name).await;
-                        controller.queue.done(&name);
-                    }
-                })
-            })
+            .map(|_| tokio::spawn(self.clone().work(leading.clone())))
             .collect();
         shutdown.await;
         tracing::info!("shutting down: finishing in-flight reconciles");
@@ -229,38 +324,143 @@ impl Controller {
         }
     }
 
-    async fn watch_store(self: Arc<Self>) {
-        let mut updates = list_then_watch(self.client.clone(), WatchOptions::default());
-        while let Some(update) = updates.next().await {
-            match update {
-                Ok(WatchUpdate::Reset { gateways, revision }) => {
-                    let names: Vec<String> = gateways.iter().map(name_of).collect();
-                    let stale: Vec<String> =
-                        lock(&self.cache).keys().filter(|n| !names.contains(n)).cloned().collect();
-                    for name in stale {
-                        self.forget(&name);
+    fn requeue_all(&self) {
+        let names: Vec<String> = lock(&self.cache).keys().cloned().collect();
+        for name in names {
+            self.queue.add(&name);
+        }
+    }
+
+    /// One worker: takes names while leading; a pass in flight when
+    /// leadership is lost is cancelled (the next leader repairs a partial
+    /// apply).
+    async fn work(self: Arc<Self>, mut leading: tokio::sync::watch::Receiver<bool>) {
+        loop {
+            if leading.wait_for(|l| *l).await.is_err() {
+                return;
+            }
+            let next = tokio::select! {
+                next = self.queue.next() => next,
+                lost = leading.wait_for(|l| !*l) => match lost {
+                    Ok(_) => continue,
+                    Err(_) => return,
+                },
+            };
+            let Some(name) = next else { return };
+            tokio::select! {
+                () = self.run_pass(&name) => {}
+                lost = leading.wait_for(|l| !*l) => {
+                    tracing::warn!(gateway = name, "leadership lost: pass cancelled");
+                    self.queue.done(&name);
+                    if lost.is_err() {
+                        return;
                     }
-                    for g in gateways {
-                        self.remember(g);
-                    }
-                    for name in &names {
-                        self.queue.add(name);
-                    }
-                    self.synced.store(true, Ordering::Relaxed);
-                    tracing::info!(gateways = names.len(), revision, "listed gateways");
-                }
-                Ok(WatchUpdate::Applied { gateway, .. }) => {
-                    let name = name_of(&gateway);
-                    self.remember(gateway);
-                    self.queue.add(&name);
-                }
-                Ok(WatchUpdate::Deleted { gateway, .. }) => self.forget(&name_of(&gateway)),
-                Ok(WatchUpdate::Bookmark { .. }) => {}
-                Err(status) => {
-                    tracing::error!(code = ?status.code(), message = status.message(), "the store refused the watch; check the reconciler's token and role");
-                    return;
+                    continue;
                 }
             }
+            self.queue.done(&name);
+        }
+    }
+
+    /// Runs one pass and schedules what it asks for.
+    async fn run_pass(&self, name: &str) {
+        let Some(gateway) = self.cached(name) else { return };
+        let started = std::time::Instant::now();
+        let generation = gateway.metadata.as_ref().map_or(0, |m| m.generation);
+        let span = tracing::info_span!("reconcile", gateway = name, generation);
+        let result = tracing::Instrument::instrument(self.reconcile(gateway), span).await;
+        self.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok(action) => {
+                lock(&self.errors).remove(name);
+                self.metrics.outcome(action.outcome);
+                if let Some(delay) = action.requeue_after {
+                    self.queue.add_after(name, delay);
+                }
+            }
+            Err(ReconcileError::Conflict) => {
+                self.metrics.outcome(ReconcileError::Conflict.metric_label());
+                self.queue.add(name);
+            }
+            Err(e) => {
+                self.metrics.outcome(e.metric_label());
+                let attempt = {
+                    let mut errors = lock(&self.errors);
+                    let n = errors.entry(name.to_string()).or_default();
+                    *n = n.saturating_add(1);
+                    *n - 1
+                };
+                let backoff = Backoff {
+                    initial: self.settings.policy.backoff.initial,
+                    max: self.settings.poll_interval.max(self.settings.policy.backoff.max),
+                    jitter: 0.5,
+                };
+                let delay = backoff.delay(attempt, fastrand::f64());
+                tracing::warn!(gateway = name, error = %e, retry_in = ?delay, "reconcile failed");
+                self.queue.add_after(name, delay);
+            }
+        }
+    }
+
+    /// Keeps the store watch running: a refused or ended watch is started
+    /// again after a backoff (the token file is read again by the client),
+    /// and `/readyz` reports it down meanwhile.
+    async fn watch_store(self: Arc<Self>) {
+        let backoff = Backoff {
+            initial: Duration::from_millis(500),
+            max: Duration::from_secs(30),
+            jitter: 0.5,
+        };
+        let mut failures = 0u32;
+        loop {
+            let mut updates = self.store.watch();
+            let reason = loop {
+                match updates.next().await {
+                    Some(Ok(update)) => {
+                        failures = 0;
+                        lock(&self.watch_down).take();
+                        self.on_update(update);
+                    }
+                    Some(Err(status)) => {
+                        break format!("{:?}: {}", status.code(), status.message());
+                    }
+                    None => break "the watch ended".to_string(),
+                }
+            };
+            let delay = backoff.delay(failures, fastrand::f64());
+            failures = failures.saturating_add(1);
+            tracing::error!(reason, retry_in = ?delay, "the store watch is down; check the reconciler's token file and role");
+            *lock(&self.watch_down) = Some(reason);
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    fn on_update(&self, update: WatchUpdate) {
+        match update {
+            WatchUpdate::Reset { gateways, revision } => {
+                let names: std::collections::HashSet<String> =
+                    gateways.iter().map(name_of).collect();
+                let stale: Vec<String> =
+                    lock(&self.cache).keys().filter(|n| !names.contains(*n)).cloned().collect();
+                for name in stale {
+                    self.forget(&name);
+                }
+                for g in gateways {
+                    self.remember(g);
+                }
+                for name in &names {
+                    self.queue.add(name);
+                }
+                self.synced.store(true, Ordering::Relaxed);
+                tracing::info!(gateways = names.len(), revision, "listed gateways");
+            }
+            WatchUpdate::Applied { gateway, .. } => {
+                let name = name_of(&gateway);
+                self.remember(gateway);
+                self.queue.add(&name);
+            }
+            WatchUpdate::Deleted { gateway, .. } => self.forget(&name_of(&gateway)),
+            WatchUpdate::Bookmark { .. } => {}
         }
     }
 
@@ -268,38 +468,24 @@ impl Controller {
         loop {
             let jitter = 0.9 + fastrand::f64() * 0.2;
             tokio::time::sleep(self.settings.sync_period.mul_f64(jitter)).await;
-            let names: Vec<String> = lock(&self.cache).keys().cloned().collect();
-            for name in names {
-                self.queue.add(&name);
-            }
+            self.requeue_all();
         }
     }
 
-    /// One pass over one gateway.
-    pub async fn reconcile(&self, name: &str) {
-        let Some(gateway) = lock(&self.cache).get(name).cloned() else { return };
-        let started = Instant::now();
+    /// One pass over one gateway: what to do next, or why it could not
+    /// finish.
+    pub async fn reconcile(&self, mut gateway: Gateway) -> Result<Action, ReconcileError> {
         let meta = gateway.metadata.clone().unwrap_or_default();
-        let span = tracing::info_span!("reconcile", gateway = name, generation = meta.generation);
-        let outcome = tracing::Instrument::instrument(self.pass(gateway, meta), span).await;
-        self.metrics.outcome(outcome);
-        self.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
-    }
-
-    async fn pass(&self, mut gateway: Gateway, meta: ObjectMeta) -> &'static str {
-        let name = meta.name.as_str();
         if meta.delete_time.is_some() {
-            return self.finalize(&gateway, &meta).await;
+            return self.finalize(&meta).await;
         }
         if !meta.finalizers.iter().any(|f| f == FINALIZER) {
             let mut finalizers = meta.finalizers.clone();
             finalizers.push(FINALIZER.to_string());
-            match self.set_finalizers(&meta, finalizers).await {
-                Ok(updated) => gateway = updated,
-                Err(outcome) => return outcome,
-            }
+            gateway = self.set_finalizers(&meta, finalizers).await?;
         }
         let meta = gateway.metadata.clone().unwrap_or_default();
+        let name = meta.name.as_str();
         let generation = meta.generation;
         lock(&self.first_seen).entry((name.to_string(), generation)).or_insert_with(Instant::now);
         let current = gateway.status.clone().unwrap_or_default();
@@ -309,80 +495,131 @@ impl Controller {
             fingerprint: rendered.fingerprint.clone(),
             retry_token: meta.annotations.get(RETRY_ANNOTATION).cloned().unwrap_or_default(),
         };
-        let record = lock(&self.records).get(name).cloned();
+        let record = self.record(name, &current, &inputs);
+        let owner = Owner::of(&meta);
         let applied = current.observed_generation == generation
             && current.applied_fingerprint == rendered.fingerprint
             && current.phase() != Phase::Failed
-            && record.as_ref().is_none_or(|r| r.failures == 0);
+            && record.is_none();
         if !applied {
-            return self.apply(&gateway, &rendered, &inputs, record.as_ref()).await;
+            return self.apply(&gateway, &owner, &rendered, &inputs, record).await;
         }
-        let observation =
-            match tokio::time::timeout(STORE_TIMEOUT, self.target.observe(name, &rendered)).await {
-                Ok(Ok(o)) => o,
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "cannot observe; retrying");
-                    self.queue.add_after(name, self.settings.poll_interval);
-                    return "error";
-                }
-                Err(_) => {
-                    self.queue.add_after(name, self.settings.poll_interval);
-                    return "error";
-                }
-            };
+        let observation = self.observe(&owner, &rendered).await?;
         if observation.drifted {
             tracing::info!("owned objects drifted; repairing");
-            return self.apply(&gateway, &rendered, &inputs, record.as_ref()).await;
+            return self.apply(&gateway, &owner, &rendered, &inputs, record).await;
         }
-        let has_route = rendered.manifests.iter().any(|m| m["kind"] == "Ingress");
-        let desired = status::applied(generation, &rendered.fingerprint, &observation, has_route);
-        self.poll_if_moving(name, &observation.workload);
-        if !status::differs(&current, &desired) {
-            return "unchanged";
+        self.report(&gateway, &rendered, &observation, "observed").await
+    }
+
+    /// The failure record for these inputs: this process's, else the one
+    /// the status carries (resumed: an overdue retry is spread over its
+    /// wait, so a fleet read back after a restart does not retry at once).
+    fn record(&self, name: &str, current: &GatewayStatus, inputs: &Inputs) -> Option<Attempts> {
+        let mut records = lock(&self.records);
+        if let Some(r) = records.get(name) {
+            if r.inputs == *inputs {
+                return Some(r.clone());
+            }
+            records.remove(name);
         }
-        match self.write_status(&gateway, desired).await {
-            Ok(_) => "observed",
-            Err(outcome) => outcome,
+        let recorded = Attempts::recorded(
+            inputs,
+            current.failure_count,
+            &current.failed_inputs,
+            timestamp_ms(current.next_retry_time.as_ref()),
+            &current.message,
+        )?;
+        let resumed = self.settings.policy.resume(recorded, self.now_ms(), fastrand::f64());
+        records.insert(name.to_string(), resumed.clone());
+        Some(resumed)
+    }
+
+    async fn observe(
+        &self,
+        owner: &Owner,
+        rendered: &Rendered,
+    ) -> Result<Observation, ReconcileError> {
+        match tokio::time::timeout(STORE_TIMEOUT, self.target.observe(owner, rendered)).await {
+            Ok(Ok(o)) => Ok(o),
+            Ok(Err(e)) => Err(ReconcileError::Observe(e)),
+            Err(_) => Err(ReconcileError::Observe(TargetError(format!(
+                "no answer within {STORE_TIMEOUT:?}"
+            )))),
         }
     }
 
-    fn poll_if_moving(&self, name: &str, workload: &Workload) {
-        if matches!(workload, Workload::Progressing { .. } | Workload::Stalled { .. }) {
-            self.queue.add_after(name, self.settings.poll_interval);
+    /// Writes the status of what was observed (if it changed) and says
+    /// when to look again.
+    async fn report(
+        &self,
+        gateway: &Gateway,
+        rendered: &Rendered,
+        observation: &Observation,
+        outcome: &'static str,
+    ) -> Result<Action, ReconcileError> {
+        let generation = gateway.metadata.as_ref().map_or(0, |m| m.generation);
+        let current = gateway.status.clone().unwrap_or_default();
+        let has_route = rendered.manifests.iter().any(|m| m["kind"] == "Ingress");
+        let desired = status::applied(generation, &rendered.fingerprint, observation, has_route);
+        let moving =
+            matches!(observation.workload, Workload::Progressing { .. } | Workload::Stalled { .. });
+        if status::differs(&current, &desired) {
+            self.write_status(gateway, desired).await?;
+        } else if outcome == "observed" {
+            return Ok(self.poll_if(moving, "unchanged"));
+        }
+        Ok(self.poll_if(moving, outcome))
+    }
+
+    fn poll_if(&self, moving: bool, outcome: &'static str) -> Action {
+        if moving {
+            Action::after(outcome, self.settings.poll_interval)
+        } else {
+            Action::done(outcome)
         }
     }
 
     async fn apply(
         &self,
         gateway: &Gateway,
+        owner: &Owner,
         rendered: &Rendered,
         inputs: &Inputs,
-        record: Option<&Attempts>,
-    ) -> &'static str {
-        let name = name_of(gateway);
+        record: Option<Attempts>,
+    ) -> Result<Action, ReconcileError> {
+        let name = owner.name.as_str();
         let now = self.now_ms();
-        if let Decision::Wait { until_ms } = self.settings.policy.decide(record, inputs, now) {
-            // An unchanged failure: no apply, no status write.
-            self.queue.add_after(&name, Duration::from_millis(until_ms.saturating_sub(now)));
-            return "waiting";
+        if let (Some(record), Decision::Wait { until_ms }) =
+            (&record, self.settings.policy.decide(record.as_ref(), inputs, now))
+        {
+            // An unchanged failure: no apply. The status is written only if
+            // it does not show the record yet (an earlier write failed or
+            // met a conflict).
+            let wait = Duration::from_millis(until_ms.saturating_sub(now));
+            let desired = self.failure_status(gateway, record);
+            let current = gateway.status.clone().unwrap_or_default();
+            if status::differs(&current, &desired) {
+                self.write_status(gateway, desired).await?;
+            }
+            return Ok(Action::after("waiting", wait));
         }
-        let current = gateway.status.clone().unwrap_or_default();
         let result = match tokio::time::timeout(
-            STORE_TIMEOUT * 4,
-            self.target.apply(&name, &rendered.manifests),
+            TARGET_TIMEOUT,
+            self.target.apply(owner, &rendered.manifests),
         )
         .await
         {
             Ok(r) => r,
-            Err(_) => Err(crate::target::TargetError("apply: no answer in time".into())),
+            Err(_) => Err(TargetError(format!("apply: no answer within {TARGET_TIMEOUT:?}"))),
         };
         match result {
             Ok(()) => {
-                lock(&self.records).remove(&name);
+                lock(&self.records).remove(name);
                 tracing::info!(target = self.target.name(), "manifests applied");
-                let observation = match self.target.observe(&name, rendered).await {
+                let observation = match self.observe(owner, rendered).await {
                     Ok(o) => o,
-                    Err(e) => status::Observation {
+                    Err(e) => Observation {
                         workload: Workload::Progressing {
                             message: format!("cannot observe yet: {e}"),
                         },
@@ -390,73 +627,62 @@ impl Controller {
                         drifted: false,
                     },
                 };
-                let has_route = rendered.manifests.iter().any(|m| m["kind"] == "Ingress");
-                let generation = inputs.generation;
-                let desired =
-                    status::applied(generation, &rendered.fingerprint, &observation, has_route);
-                self.poll_if_moving(&name, &observation.workload);
-                match self.write_status(gateway, desired).await {
-                    Ok(_) => "applied",
-                    Err(outcome) => outcome,
-                }
+                self.report(gateway, rendered, &observation, "applied").await
             }
             Err(e) => {
-                let failure =
-                    self.settings.policy.on_failure(record, inputs, &e.0, now, fastrand::f64());
+                let error = shorten(&e.0, MAX_TEXT_BYTES);
+                let failure = self.settings.policy.on_failure(
+                    record.as_ref(),
+                    inputs,
+                    &error,
+                    now,
+                    fastrand::f64(),
+                );
                 let wait = Duration::from_millis(failure.attempts.retry_at_ms.saturating_sub(now));
                 tracing::warn!(error = %e, failures = failure.attempts.failures, exhausted = failure.exhausted, retry_in = ?wait, "apply failed");
-                let retry_time = Timestamp::from(SystemTime::now() + wait);
-                let desired = status::failed(
-                    &current,
-                    inputs.generation,
-                    &e.0,
-                    failure.attempts.failures,
-                    failure.exhausted,
-                    retry_time,
-                );
-                lock(&self.records).insert(name.clone(), failure.attempts);
-                self.queue.add_after(&name, wait);
-                if status::differs(&current, &desired) {
-                    if let Err(outcome) = self.write_status(gateway, desired).await {
-                        return outcome;
-                    }
-                }
-                "failed"
+                // Kept before the write: a status write that fails does not
+                // reset the budget.
+                lock(&self.records).insert(name.to_string(), failure.attempts.clone());
+                let desired = self.failure_status(gateway, &failure.attempts);
+                self.write_status(gateway, desired).await?;
+                Ok(Action::after("failed", wait))
             }
         }
     }
 
-    async fn finalize(&self, gateway: &Gateway, meta: &ObjectMeta) -> &'static str {
-        let name = meta.name.as_str();
+    /// The status that shows `record`.
+    fn failure_status(&self, gateway: &Gateway, record: &Attempts) -> GatewayStatus {
+        let current = gateway.status.clone().unwrap_or_default();
+        let exhausted = record.failures >= self.settings.policy.budget.max(1);
+        status::failed(
+            &current,
+            record.inputs.generation,
+            &record.last_error,
+            record.failures,
+            exhausted,
+            ms_timestamp(record.retry_at_ms),
+            record.inputs.key(),
+        )
+    }
+
+    async fn finalize(&self, meta: &ObjectMeta) -> Result<Action, ReconcileError> {
         if !meta.finalizers.iter().any(|f| f == FINALIZER) {
-            return "unchanged";
+            return Ok(Action::done("unchanged"));
         }
-        match tokio::time::timeout(STORE_TIMEOUT * 4, self.target.delete(name)).await {
+        let owner = Owner::of(meta);
+        match tokio::time::timeout(TARGET_TIMEOUT, self.target.delete(&owner)).await {
             Ok(Ok(true)) => {
                 let finalizers: Vec<String> =
                     meta.finalizers.iter().filter(|f| *f != FINALIZER).cloned().collect();
-                match self.set_finalizers(meta, finalizers).await {
-                    Ok(_) => {
-                        tracing::info!("owned objects deleted; finalizer removed");
-                        "deleted"
-                    }
-                    Err(outcome) => outcome,
-                }
+                self.set_finalizers(meta, finalizers).await?;
+                tracing::info!("owned objects deleted; finalizer removed");
+                Ok(Action::done("deleted"))
             }
-            Ok(Ok(false)) => {
-                self.queue.add_after(name, self.settings.poll_interval);
-                "deleting"
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "cleanup failed; will retry");
-                let _ = gateway;
-                self.queue.add_after(name, self.settings.poll_interval);
-                "error"
-            }
-            Err(_) => {
-                self.queue.add_after(name, self.settings.poll_interval);
-                "error"
-            }
+            Ok(Ok(false)) => Ok(Action::after("deleting", self.settings.poll_interval)),
+            Ok(Err(e)) => Err(ReconcileError::Cleanup(e)),
+            Err(_) => Err(ReconcileError::Cleanup(TargetError(format!(
+                "no answer within {TARGET_TIMEOUT:?}"
+            )))),
         }
     }
 
@@ -465,7 +691,7 @@ impl Controller {
         &self,
         meta: &ObjectMeta,
         finalizers: Vec<String>,
-    ) -> Result<Gateway, &'static str> {
+    ) -> Result<Gateway, ReconcileError> {
         let update = Gateway {
             metadata: Some(ObjectMeta {
                 name: meta.name.clone(),
@@ -482,7 +708,7 @@ impl Controller {
         &self,
         gateway: &Gateway,
         desired: GatewayStatus,
-    ) -> Result<Gateway, &'static str> {
+    ) -> Result<Gateway, ReconcileError> {
         let name = name_of(gateway);
         let previous = gateway.status.as_ref().map_or(0, |s| s.observed_generation);
         let observed = desired.observed_generation;
@@ -495,61 +721,43 @@ impl Controller {
             spec: None,
             status: Some(desired),
         };
-        let written = self.update(update, &STATUS_PATHS).await;
-        if written.is_ok() && observed > previous {
+        let written = self.update(update, &STATUS_PATHS).await?;
+        if observed > previous {
             if let Some(seen) = lock(&self.first_seen).remove(&(name.clone(), observed)) {
                 self.metrics.convergence.observe(seen.elapsed().as_secs_f64());
             }
             lock(&self.first_seen).retain(|(n, g), _| n != &name || *g > observed);
         }
-        written
+        Ok(written)
     }
 
     /// One UpdateGateway with a mask and the resource_version read. ABORTED
-    /// means re-read and run again; any other failure forgets the record
-    /// so the next pass starts afresh.
-    async fn update(&self, gateway: Gateway, paths: &[&str]) -> Result<Gateway, &'static str> {
+    /// re-reads the gateway so the next pass (run at once) works on the
+    /// fresh copy; NOT_FOUND forgets it.
+    async fn update(&self, gateway: Gateway, paths: &[&str]) -> Result<Gateway, ReconcileError> {
         let name = name_of(&gateway);
-        let request = UpdateGatewayRequest {
-            gateway: Some(gateway),
-            update_mask: Some(FieldMask { paths: paths.iter().map(|p| p.to_string()).collect() }),
-        };
-        let mut client = self.client.clone();
-        let result = tokio::time::timeout(STORE_TIMEOUT, client.update_gateway(request)).await;
-        match result {
-            Ok(Ok(response)) => {
-                let updated = response.into_inner();
+        match tokio::time::timeout(STORE_TIMEOUT, self.store.update(gateway, paths)).await {
+            Ok(Ok(updated)) => {
                 self.remember(updated.clone());
                 Ok(updated)
             }
             Ok(Err(status)) if status.code() == Code::Aborted => {
                 tracing::debug!("gateway changed meanwhile; re-reading");
-                if let Ok(Ok(fresh)) = tokio::time::timeout(
-                    STORE_TIMEOUT,
-                    client.get_gateway(GetGatewayRequest { name: name.clone() }),
-                )
-                .await
-                {
-                    self.remember(fresh.into_inner());
+                match tokio::time::timeout(STORE_TIMEOUT, self.store.get(&name)).await {
+                    Ok(Ok(fresh)) => self.remember(fresh),
+                    Ok(Err(status)) if status.code() == Code::NotFound => self.forget(&name),
+                    _ => {}
                 }
-                self.queue.add(&name);
-                Err("status_conflict")
+                Err(ReconcileError::Conflict)
             }
             Ok(Err(status)) if status.code() == Code::NotFound => {
                 self.forget(&name);
-                Err("gone")
+                Err(ReconcileError::Store(format!("gateway {name} is gone")))
             }
             Ok(Err(status)) => {
-                tracing::warn!(code = ?status.code(), message = status.message(), "status write failed; forgetting the record");
-                lock(&self.records).remove(&name);
-                self.queue.add_after(&name, self.settings.poll_interval);
-                Err("error")
+                Err(ReconcileError::Store(format!("{:?}: {}", status.code(), status.message())))
             }
-            Err(_) => {
-                lock(&self.records).remove(&name);
-                self.queue.add_after(&name, self.settings.poll_interval);
-                Err("error")
-            }
+            Err(_) => Err(ReconcileError::Store(format!("no answer within {STORE_TIMEOUT:?}"))),
         }
     }
 }
@@ -568,3 +776,6 @@ const ALL_PHASES: [Phase; 7] = [
     Phase::Failed,
     Phase::Deleting,
 ];
+
+#[cfg(test)]
+mod tests;

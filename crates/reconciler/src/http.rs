@@ -1,4 +1,4 @@
-//! `/healthz`, `/readyz` (the first list of the store is processed) and
+//! `/healthz`, `/readyz` (the store is listed and its watch is up) and
 //! `/metrics`.
 
 use std::sync::Arc;
@@ -21,13 +21,9 @@ pub fn router(controller: Arc<Controller>) -> Router {
 }
 
 async fn readyz(State(controller): State<Arc<Controller>>) -> impl IntoResponse {
-    if controller.is_synced() {
-        (StatusCode::OK, "ok\n")
-    } else {
-        (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: the first list of gateway-store is not done\n",
-        )
+    match controller.readiness() {
+        Ok(()) => (StatusCode::OK, "ok\n".to_string()),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n")),
     }
 }
 

@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod queue;
 pub mod render;
 pub mod status;
+pub mod store;
 pub mod target;
 
 use std::future::Future;
@@ -104,13 +105,20 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
-    let token = match &config.token_file {
-        Some(path) => Some(String::from_utf8_lossy(&read("token file", path)?).trim().to_string()),
-        None => None,
-    };
+    if let Some(path) = &config.token_file {
+        // Checked once at start so a wrong path fails fast; afterwards the
+        // client reads the file again whenever it changes.
+        read("token file", path)?;
+    }
     let ca_pem = config.store_ca.as_deref().map(|p| read("store CA", p)).transpose()?;
-    let client = ClientConfig { endpoint: config.store.clone(), token, ca_pem, tls_domain: None }
-        .connect_lazy()?;
+    let client = ClientConfig {
+        endpoint: config.store.clone(),
+        token_file: config.token_file.clone(),
+        ca_pem,
+        ..Default::default()
+    }
+    .connect_lazy()?;
+    let store = Arc::new(crate::store::GrpcStore::new(client));
     let kube = if config.target == TargetKind::Kube || config.leader_elect {
         Some(kube_client(&config).await?)
     } else {
@@ -123,7 +131,7 @@ pub async fn run(
         _ => Arc::new(DirectoryTarget::new(config.directory.clone())),
     };
     let controller =
-        Controller::new(client, target, settings(&config), Arc::new(Metrics::default()));
+        Controller::new(store, target, settings(&config), Arc::new(Metrics::default()));
     let listener = tokio::net::TcpListener::bind(config.http_listen)
         .await
         .map_err(|source| RunError::Bind { addr: config.http_listen.to_string(), source })?;

@@ -31,7 +31,7 @@ pub struct Observation {
 }
 
 /// Status fields the reconciler writes (every `status.*` path).
-pub const STATUS_PATHS: [&str; 9] = [
+pub const STATUS_PATHS: [&str; 10] = [
     "status.phase",
     "status.observed_generation",
     "status.conditions",
@@ -41,6 +41,7 @@ pub const STATUS_PATHS: [&str; 9] = [
     "status.failure_count",
     "status.next_retry_time",
     "status.message",
+    "status.failed_inputs",
 ];
 
 pub const STEP_MANIFESTS: &str = "ManifestsApplied";
@@ -129,6 +130,7 @@ pub fn applied(
         failure_count: 0,
         next_retry_time: None,
         message,
+        failed_inputs: String::new(),
     }
 }
 
@@ -142,6 +144,7 @@ pub fn failed(
     failures: u32,
     exhausted: bool,
     retry_at: Timestamp,
+    failed_inputs: String,
 ) -> GatewayStatus {
     let failure_count = i32::try_from(failures).unwrap_or(i32::MAX);
     let (phase, reconciling, stalled) = if exhausted {
@@ -184,6 +187,7 @@ pub fn failed(
         failure_count,
         next_retry_time: Some(retry_at),
         message: error.into(),
+        failed_inputs,
     }
 }
 
@@ -254,6 +258,7 @@ mod tests {
             1,
             false,
             Timestamp { seconds: 10, nanos: 0 },
+            "inputs".into(),
         );
         assert_eq!(
             (retrying.phase(), retrying.observed_generation, retrying.failure_count),
@@ -267,6 +272,7 @@ mod tests {
             5,
             true,
             Timestamp { seconds: 70, nanos: 0 },
+            "inputs".into(),
         );
         assert_eq!(failed.phase(), Phase::Failed);
         assert_eq!(failed.message, "500 from the API server");

@@ -14,6 +14,20 @@ use serde_json::Value;
 use crate::render::Rendered;
 use crate::status::Observation;
 
+/// The gateway a target call is for: objects are marked with both, and
+/// only objects marked with this uid are changed or deleted.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Owner {
+    pub name: String,
+    pub uid: String,
+}
+
+impl Owner {
+    pub fn of(meta: &gantry_api::v1::ObjectMeta) -> Self {
+        Self { name: meta.name.clone(), uid: meta.uid.clone() }
+    }
+}
+
 /// A target call that failed; the message is what status reports.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -24,14 +38,15 @@ pub struct TargetError(pub String);
 pub trait Target: Send + Sync + std::fmt::Debug + 'static {
     /// Applies every manifest of `gateway` and removes its objects that are
     /// no longer rendered. Safe to repeat; repairs a partial earlier apply.
-    async fn apply(&self, gateway: &str, manifests: &[Value]) -> Result<(), TargetError>;
+    async fn apply(&self, owner: &Owner, manifests: &[Value]) -> Result<(), TargetError>;
 
     /// Reports the rollout and whether anything drifted from `rendered`.
-    async fn observe(&self, gateway: &str, rendered: &Rendered)
+    async fn observe(&self, owner: &Owner, rendered: &Rendered)
         -> Result<Observation, TargetError>;
 
-    /// Deletes everything `gateway` owns; `true` once it is all gone.
-    async fn delete(&self, gateway: &str) -> Result<bool, TargetError>;
+    /// Deletes everything `owner` owns (objects marked with its uid);
+    /// `true` once it is all gone.
+    async fn delete(&self, owner: &Owner) -> Result<bool, TargetError>;
 
     /// Names of gateways whose owned objects changed, if the target can
     /// watch them (the reconciler re-checks those gateways).

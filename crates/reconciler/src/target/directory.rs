@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use super::{Target, TargetError};
+use super::{Owner, Target, TargetError};
 use crate::render::{file_name, Rendered};
 use crate::status::{Observation, Workload};
 
@@ -62,8 +62,8 @@ impl DirectoryTarget {
 
 #[tonic::async_trait]
 impl Target for DirectoryTarget {
-    async fn apply(&self, gateway: &str, manifests: &[Value]) -> Result<(), TargetError> {
-        let dir = self.dir(gateway);
+    async fn apply(&self, owner: &Owner, manifests: &[Value]) -> Result<(), TargetError> {
+        let dir = self.dir(&owner.name);
         tokio::fs::create_dir_all(&dir).await.map_err(|e| io_error("cannot create", &dir, e))?;
         let mut wanted = Vec::new();
         for manifest in manifests {
@@ -88,10 +88,10 @@ impl Target for DirectoryTarget {
 
     async fn observe(
         &self,
-        gateway: &str,
+        owner: &Owner,
         rendered: &Rendered,
     ) -> Result<Observation, TargetError> {
-        let dir = self.dir(gateway);
+        let dir = self.dir(&owner.name);
         let mut drifted = Self::files(&dir).await?.len() != rendered.manifests.len();
         for manifest in &rendered.manifests {
             let path = dir.join(file_name(manifest));
@@ -108,8 +108,8 @@ impl Target for DirectoryTarget {
         Ok(Observation { workload: Workload::Written, route_address, drifted })
     }
 
-    async fn delete(&self, gateway: &str) -> Result<bool, TargetError> {
-        let dir = self.dir(gateway);
+    async fn delete(&self, owner: &Owner) -> Result<bool, TargetError> {
+        let dir = self.dir(&owner.name);
         match tokio::fs::remove_dir_all(&dir).await {
             Ok(()) => Ok(true),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),

@@ -19,7 +19,7 @@ use kube::runtime::watcher;
 use kube::Client;
 use serde_json::Value;
 
-use super::{Target, TargetError};
+use super::{Owner, Target, TargetError};
 use crate::render::{
     owned_selector, Rendered, FIELD_MANAGER, LABEL_GATEWAY, LABEL_MANAGED_BY, MANAGED_BY,
     OWNED_KINDS,
@@ -427,7 +427,8 @@ fn track(
 
 #[tonic::async_trait]
 impl Target for KubeTarget {
-    async fn apply(&self, gateway: &str, manifests: &[Value]) -> Result<(), TargetError> {
+    async fn apply(&self, owner: &Owner, manifests: &[Value]) -> Result<(), TargetError> {
+        let gateway = owner.name.as_str();
         let mut rendered_kinds = Vec::new();
         for manifest in manifests {
             let (api_version, kind) = (
@@ -463,9 +464,10 @@ impl Target for KubeTarget {
 
     async fn observe(
         &self,
-        gateway: &str,
+        owner: &Owner,
         rendered: &Rendered,
     ) -> Result<Observation, TargetError> {
+        let gateway = owner.name.as_str();
         let has_route = rendered.manifests.iter().any(|m| m["kind"] == "Ingress");
         let route_address = if has_route {
             let ingress = self.api("networking.k8s.io/v1", "Ingress");
@@ -541,7 +543,8 @@ impl Target for KubeTarget {
         })
     }
 
-    async fn delete(&self, gateway: &str) -> Result<bool, TargetError> {
+    async fn delete(&self, owner: &Owner) -> Result<bool, TargetError> {
+        let gateway = owner.name.as_str();
         self.remember(gateway, None);
         let mut gone = true;
         for (api_version, kind) in OWNED_KINDS.iter().rev() {

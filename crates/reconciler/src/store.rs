@@ -1,0 +1,276 @@
+//! What the controller needs of gateway-store, as a trait: read one
+//! gateway, update it with a mask and a resource_version precondition, and
+//! list-then-watch. [`GrpcStore`] is the real one; [`MemoryStore`] applies
+//! gantry-core's rules in memory, so the controller's rules are tested in
+//! process with paused time.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures_util::stream::BoxStream;
+use futures_util::StreamExt;
+use gantry_api::v1::{Gateway, GetGatewayRequest, ObjectMeta, UpdateGatewayRequest};
+use gantry_client::watch::{list_then_watch, WatchOptions, WatchUpdate};
+use gantry_client::GatewayClient;
+use gantry_core::lifecycle::{self, Write};
+use gantry_core::{Role, RuleError};
+use prost_types::{FieldMask, Timestamp};
+use tonic::Status;
+
+/// gateway-store as the controller uses it. Errors are gRPC statuses:
+/// ABORTED is a failed precondition (re-read), NOT_FOUND a gateway gone.
+#[tonic::async_trait]
+pub trait GatewayStore: Send + Sync + std::fmt::Debug + 'static {
+    async fn get(&self, name: &str) -> Result<Gateway, Status>;
+
+    /// UpdateGateway of the fields in `paths`, conditional on
+    /// `gateway.metadata.resource_version`.
+    async fn update(&self, gateway: Gateway, paths: &[&str]) -> Result<Gateway, Status>;
+
+    /// List-then-watch of every gateway: a `Reset` after each (re)list,
+    /// then changes in revision order. Transient interruptions are resumed
+    /// inside; the stream ends after a refusal retrying cannot fix (yielded
+    /// as `Err`), and the caller starts a new one after a backoff.
+    fn watch(&self) -> BoxStream<'static, Result<WatchUpdate, Status>>;
+}
+
+/// The store over gRPC.
+#[derive(Debug, Clone)]
+pub struct GrpcStore {
+    client: GatewayClient,
+}
+
+impl GrpcStore {
+    pub fn new(client: GatewayClient) -> Self {
+        Self { client }
+    }
+}
+
+#[tonic::async_trait]
+impl GatewayStore for GrpcStore {
+    async fn get(&self, name: &str) -> Result<Gateway, Status> {
+        let request = GetGatewayRequest { name: name.to_string() };
+        Ok(self.client.clone().get_gateway(request).await?.into_inner())
+    }
+
+    async fn update(&self, gateway: Gateway, paths: &[&str]) -> Result<Gateway, Status> {
+        let request = UpdateGatewayRequest {
+            gateway: Some(gateway),
+            update_mask: Some(FieldMask { paths: paths.iter().map(|p| p.to_string()).collect() }),
+        };
+        Ok(self.client.clone().update_gateway(request).await?.into_inner())
+    }
+
+    fn watch(&self) -> BoxStream<'static, Result<WatchUpdate, Status>> {
+        list_then_watch(self.client.clone(), WatchOptions::default()).boxed()
+    }
+}
+
+/// Gateways in memory under gantry-core's rules, with faults on demand.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryStore {
+    inner: Arc<Mutex<Memory>>,
+    events: Arc<Mutex<Vec<Subscriber>>>,
+}
+
+type Subscriber = tokio::sync::mpsc::UnboundedSender<Result<WatchUpdate, Status>>;
+
+#[derive(Debug, Default)]
+struct Memory {
+    gateways: BTreeMap<String, Gateway>,
+    revision: i64,
+    /// Every call of the reconciler fails UNAVAILABLE.
+    down: bool,
+    /// Status updates still to answer ABORTED.
+    abort_updates: u32,
+    /// New watches are refused with this.
+    refuse_watch: Option<Status>,
+    /// Successful updates by the reconciler role.
+    reconciler_writes: u64,
+}
+
+fn rule_status(e: &RuleError) -> Status {
+    let message = e.to_string();
+    match e {
+        RuleError::Invalid(_) => Status::invalid_argument(message),
+        RuleError::PermissionDenied { .. } => Status::permission_denied(message),
+        RuleError::FailedPrecondition { .. } => Status::failed_precondition(message),
+        RuleError::Conflict { .. } => Status::aborted(message),
+        RuleError::NotFound(_) => Status::not_found(message),
+        RuleError::AlreadyExists(_) => Status::already_exists(message),
+    }
+}
+
+fn now() -> Timestamp {
+    Timestamp::from(std::time::SystemTime::now())
+}
+
+impl MemoryStore {
+    fn lock(&self) -> MutexGuard<'_, Memory> {
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn publish(&self, update: &WatchUpdate) {
+        let mut subscribers = self.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        subscribers.retain(|tx| tx.send(Ok(update.clone())).is_ok());
+    }
+
+    fn commit(&self, memory: &mut Memory, write: Write) -> Gateway {
+        match write {
+            Write::Unchanged(g) => g,
+            Write::Put(mut g) => {
+                memory.revision += 1;
+                let meta = g.metadata.get_or_insert_with(Default::default);
+                meta.resource_version = memory.revision;
+                memory.gateways.insert(meta.name.clone(), g.clone());
+                self.publish(&WatchUpdate::Applied {
+                    gateway: g.clone(),
+                    revision: memory.revision,
+                });
+                g
+            }
+            Write::Remove(mut g) => {
+                memory.revision += 1;
+                let meta = g.metadata.get_or_insert_with(Default::default);
+                meta.resource_version = memory.revision;
+                memory.gateways.remove(&meta.name);
+                self.publish(&WatchUpdate::Deleted {
+                    gateway: g.clone(),
+                    revision: memory.revision,
+                });
+                g
+            }
+        }
+    }
+
+    /// CreateGateway as an editor.
+    pub fn create(&self, gateway: Gateway) -> Result<Gateway, Status> {
+        let mut memory = self.lock();
+        let name = gateway.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
+        let uid = format!("uid-{name}-{}", memory.revision + 1);
+        let write =
+            lifecycle::create(memory.gateways.get(&name), gateway, Role::Editor, uid, now())
+                .map_err(|e| rule_status(&e))?;
+        Ok(self.commit(&mut memory, write))
+    }
+
+    /// UpdateGateway as `role`.
+    pub fn update_as(
+        &self,
+        role: Role,
+        gateway: &Gateway,
+        paths: &[&str],
+    ) -> Result<Gateway, Status> {
+        let mut memory = self.lock();
+        if memory.down && role == Role::Reconciler {
+            return Err(Status::unavailable("the store is down"));
+        }
+        let name = gateway.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
+        let current = memory
+            .gateways
+            .get(&name)
+            .cloned()
+            .ok_or_else(|| rule_status(&RuleError::NotFound(name.clone())))?;
+        let writes_status = paths.iter().any(|p| p.starts_with("status"));
+        if role == Role::Reconciler && writes_status && memory.abort_updates > 0 {
+            memory.abort_updates -= 1;
+            return Err(Status::aborted("injected: the gateway changed meanwhile"));
+        }
+        let mask: Vec<String> = paths.iter().map(|p| p.to_string()).collect();
+        let write = lifecycle::update(&current, gateway, &mask, role, now())
+            .map_err(|e| rule_status(&e))?;
+        if role == Role::Reconciler && !matches!(write, Write::Unchanged(_)) {
+            memory.reconciler_writes += 1;
+        }
+        Ok(self.commit(&mut memory, write))
+    }
+
+    /// DeleteGateway as an editor.
+    pub fn delete(&self, name: &str) -> Result<(), Status> {
+        let mut memory = self.lock();
+        let current = memory
+            .gateways
+            .get(name)
+            .cloned()
+            .ok_or_else(|| rule_status(&RuleError::NotFound(name.to_string())))?;
+        let write =
+            lifecycle::delete(&current, 0, Role::Editor, now()).map_err(|e| rule_status(&e))?;
+        self.commit(&mut memory, write);
+        Ok(())
+    }
+
+    /// The stored gateway.
+    pub fn stored(&self, name: &str) -> Option<Gateway> {
+        self.lock().gateways.get(name).cloned()
+    }
+
+    /// Makes every call fail UNAVAILABLE (or serve again).
+    pub fn set_down(&self, down: bool) {
+        self.lock().down = down;
+    }
+
+    /// Answers the next `n` status updates ABORTED.
+    pub fn abort_next_updates(&self, n: u32) {
+        self.lock().abort_updates = n;
+    }
+
+    /// Refuses new watches with `status` (`None`: accept again) and ends
+    /// the open ones with it.
+    pub fn refuse_watches(&self, status: Option<Status>) {
+        if let Some(status) = &status {
+            let mut subscribers =
+                self.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for tx in subscribers.drain(..) {
+                let _ = tx.send(Err(status.clone()));
+            }
+        }
+        self.lock().refuse_watch = status;
+    }
+
+    /// Updates written by the reconciler role that changed something.
+    pub fn reconciler_writes(&self) -> u64 {
+        self.lock().reconciler_writes
+    }
+
+    /// A new gateway's metadata, for [`MemoryStore::create`].
+    pub fn meta(name: &str) -> ObjectMeta {
+        ObjectMeta { name: name.into(), ..Default::default() }
+    }
+}
+
+#[tonic::async_trait]
+impl GatewayStore for MemoryStore {
+    async fn get(&self, name: &str) -> Result<Gateway, Status> {
+        let memory = self.lock();
+        if memory.down {
+            return Err(Status::unavailable("the store is down"));
+        }
+        memory
+            .gateways
+            .get(name)
+            .cloned()
+            .ok_or_else(|| rule_status(&RuleError::NotFound(name.to_string())))
+    }
+
+    async fn update(&self, gateway: Gateway, paths: &[&str]) -> Result<Gateway, Status> {
+        self.update_as(Role::Reconciler, &gateway, paths)
+    }
+
+    fn watch(&self) -> BoxStream<'static, Result<WatchUpdate, Status>> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let memory = self.lock();
+        if let Some(status) = memory.refuse_watch.clone() {
+            let _ = tx.send(Err(status));
+            return tokio_stream::wrappers::UnboundedReceiverStream::new(rx).boxed();
+        }
+        let reset = WatchUpdate::Reset {
+            gateways: memory.gateways.values().cloned().collect(),
+            revision: memory.revision,
+        };
+        let _ = tx.send(Ok(reset));
+        // Subscribed under the same lock as the snapshot: nothing between.
+        self.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(tx);
+        drop(memory);
+        tokio_stream::wrappers::UnboundedReceiverStream::new(rx).boxed()
+    }
+}
