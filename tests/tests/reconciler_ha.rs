@@ -87,6 +87,7 @@ fn start_replica(identity: &str, store: &StoreProcess, kube_client: &kube::Clien
         namespace: "default".into(),
         identity: identity.into(),
         lease_duration: Duration::from_secs(1),
+        renew_deadline: Duration::from_millis(600),
         retry_period: Duration::from_millis(100),
     };
     let api: Api<Lease> = Api::namespaced(kube_client.clone(), "default");

@@ -1,12 +1,11 @@
 //! The canonical form of a spec, which decides whether `generation` advances
-//! (rule 2): the decoded message with defaults applied, set-like lists sorted
-//! and deduplicated and empty sub-messages dropped. Maps are `BTreeMap`s, so
-//! key order never counts.
+//! (rule 2): the decoded message, set-like lists sorted and deduplicated and
+//! empty sub-messages dropped. Maps are `BTreeMap`s, so key order never
+//! counts. `replicas` left unset stays unset: it means "not managed by
+//! gantry" (an autoscaler or `kubectl scale` decides, starting from
+//! Kubernetes' default of 1), which is not the same as a fixed 1.
 
 use gantry_api::v1::GatewaySpec;
-
-/// `spec.replicas` when the client leaves it out.
-pub const DEFAULT_REPLICAS: i32 = 1;
 
 fn sort_dedup(list: &mut Vec<String>) {
     list.sort();
@@ -15,7 +14,6 @@ fn sort_dedup(list: &mut Vec<String>) {
 
 /// Returns the canonical form of `spec`. Idempotent.
 pub fn canonical_spec(mut spec: GatewaySpec) -> GatewaySpec {
-    spec.replicas = Some(spec.replicas.unwrap_or(DEFAULT_REPLICAS));
     sort_dedup(&mut spec.server_dns_names);
     if let Some(oidc) = &mut spec.oidc {
         sort_dedup(&mut oidc.audiences);
@@ -61,7 +59,6 @@ mod tests {
         };
         let b = GatewaySpec {
             image: "gw".into(),
-            replicas: Some(1),
             server_dns_names: vec!["a.example.com".into(), "b.example.com".into()],
             oidc: Some(Oidc {
                 issuer_url: "https://i".into(),
@@ -81,6 +78,7 @@ mod tests {
             |s| s.image = "gw2".into(),
             |s| s.supervisor_image = "sup".into(),
             |s| s.replicas = Some(0),
+            |s| s.replicas = Some(1),
             |s| s.route = Some(Route { host: "h".into(), ..Default::default() }),
             |s| s.server_dns_names.push("a".into()),
             |s| s.oidc = Some(Oidc { client_id: "c".into(), ..Default::default() }),

@@ -56,9 +56,26 @@ pub struct Config {
     #[arg(long, env = "KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
 
-    /// Namespace the gateways' objects live in.
+    /// Namespace the gateways' objects live in. Give gateways a namespace of
+    /// their own, never the control plane's: an object of another owner in
+    /// it stops the gateway that would overwrite it.
     #[arg(long, env = "GANTRY_NAMESPACE", default_value = "default")]
     pub namespace: String,
+
+    /// Prefix of the names of every object derived from a gateway
+    /// (`<prefix><gateway>`), for clusters with naming rules.
+    #[arg(long, env = "GANTRY_NAME_PREFIX", default_value = "")]
+    pub name_prefix: String,
+
+    /// `ingressClassName` of gateways' Ingresses (default: the cluster's
+    /// default class).
+    #[arg(long, env = "GANTRY_INGRESS_CLASS", default_value = "")]
+    pub ingress_class: String,
+
+    /// How long a route may wait for a load-balancer address on its Ingress
+    /// before the gateway is DEGRADED.
+    #[arg(long, env = "GANTRY_ROUTE_DEADLINE", default_value = "10m", value_parser = parse_duration)]
+    pub route_deadline: Duration,
 
     /// Directory for --target directory.
     #[arg(long, env = "GANTRY_DIRECTORY", default_value = "gantry-manifests")]
@@ -99,13 +116,24 @@ pub struct Config {
     #[arg(long, env = "GANTRY_LEADER_ELECT")]
     pub leader_elect: bool,
 
-    /// Name of the Lease (in --namespace) used for leader election.
+    /// Name of the Lease used for leader election.
     #[arg(long, env = "GANTRY_LEASE_NAME", default_value = "gateway-reconciler")]
     pub lease_name: String,
 
-    /// How long a leader's lease lasts without renewal.
+    /// Namespace of the Lease (default: --namespace).
+    #[arg(long, env = "GANTRY_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+
+    /// How long a leader's lease lasts without renewal; candidates take
+    /// over only after seeing it unchanged this long.
     #[arg(long, env = "GANTRY_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
     pub lease_duration: Duration,
+
+    /// A leader that could not renew for this long stops and cancels its
+    /// passes (default: two thirds of --lease-duration); shorter than
+    /// --lease-duration, so it has stopped before anyone can take over.
+    #[arg(long, env = "GANTRY_RENEW_DEADLINE", value_parser = parse_duration)]
+    pub renew_deadline: Option<Duration>,
 
     /// This replica's identity in the Lease (default: host name and pid).
     #[arg(long, env = "POD_NAME")]
@@ -132,6 +160,48 @@ pub struct Config {
     /// Log filter, in tracing's EnvFilter syntax.
     #[arg(long, env = "GANTRY_LOG", default_value = "info")]
     pub log_level: String,
+}
+
+impl Config {
+    /// Refuses durations that would make a loop spin or an election unsafe,
+    /// naming the flag.
+    pub fn validate(&self) -> Result<(), String> {
+        let at_least = |flag: &str, value: Duration, min: Duration| {
+            if value < min {
+                Err(format!("{flag} {value:?} is too short: at least {min:?}"))
+            } else {
+                Ok(())
+            }
+        };
+        at_least("--sync-period", self.sync_period, Duration::from_secs(1))?;
+        at_least("--poll-interval", self.poll_interval, Duration::from_millis(50))?;
+        at_least("--failed-retry-floor", self.failed_retry_floor, Duration::from_secs(1))?;
+        at_least("--retry-backoff", self.retry_backoff, Duration::from_millis(10))?;
+        at_least("--route-deadline", self.route_deadline, Duration::from_secs(1))?;
+        at_least("--lease-duration", self.lease_duration, Duration::from_secs(2))?;
+        if self.concurrency == 0 {
+            return Err("--concurrency must be at least 1".into());
+        }
+        let renew = self.renew_deadline();
+        if renew >= self.lease_duration || renew < self.retry_period() * 2 {
+            return Err(format!(
+                "--renew-deadline {renew:?} must be shorter than --lease-duration {:?} and at least twice the retry period {:?}",
+                self.lease_duration,
+                self.retry_period()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The renew deadline of the leader election.
+    pub fn renew_deadline(&self) -> Duration {
+        self.renew_deadline.unwrap_or(self.lease_duration * 2 / 3)
+    }
+
+    /// How often the leader renews and candidates retry.
+    pub fn retry_period(&self) -> Duration {
+        (self.lease_duration / 8).max(Duration::from_millis(100))
+    }
 }
 
 /// A progress deadline: whole seconds, at least one (the API server refuses

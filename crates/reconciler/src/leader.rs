@@ -1,9 +1,16 @@
 //! Leader election through a coordination.k8s.io/v1 Lease, as client-go's
-//! leaderelection does: the holder renews `renewTime` every retry period;
-//! another candidate takes over once `renewTime + leaseDurationSeconds` has
-//! passed; the holder releases the lease on shutdown so a successor need
-//! not wait. Writes use the Lease's resourceVersion, so two candidates
-//! never both win.
+//! leaderelection does:
+//!
+//! - the holder renews every retry period; a holder that has not renewed
+//!   for the **renew deadline** (shorter than the lease duration) stops
+//!   leading, which cancels the passes in flight, before any candidate can
+//!   take over;
+//! - a candidate takes over only after seeing the record **unchanged for a
+//!   whole lease duration on its own clock** (the time it last observed a
+//!   change), never by comparing the holder's `renewTime` with its clock;
+//! - writes carry the Lease's resourceVersion, so two candidates never both
+//!   win; the holder releases the lease on shutdown so a successor need not
+//!   wait.
 
 use std::time::Duration;
 
@@ -12,6 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, PostParams};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// Lease settings.
 #[derive(Debug, Clone)]
@@ -21,46 +29,76 @@ pub struct ElectionSettings {
     /// This candidate's identity (unique per process).
     pub identity: String,
     pub lease_duration: Duration,
+    /// A leader that could not renew for this long steps down.
+    pub renew_deadline: Duration,
     /// How often the holder renews and a candidate retries.
     pub retry_period: Duration,
-}
-
-fn millis(t: &Option<MicroTime>) -> i64 {
-    t.as_ref().map_or(0, |t| t.0.as_millisecond())
 }
 
 fn now() -> MicroTime {
     MicroTime(Timestamp::now())
 }
 
+/// What a candidate last saw of the Lease, and when (local clock).
+#[derive(Debug, Default)]
+struct Observed {
+    record: Option<LeaseSpec>,
+    at: Option<Instant>,
+}
+
+impl Observed {
+    fn see(&mut self, spec: &LeaseSpec) {
+        if self.record.as_ref() != Some(spec) {
+            self.record = Some(spec.clone());
+            self.at = Some(Instant::now());
+        }
+    }
+
+    /// Whether the holder's lease ran out: its record has not changed for a
+    /// whole lease duration of our clock.
+    fn expired(&self, lease_duration: Duration) -> bool {
+        self.at.is_none_or(|at| at.elapsed() > lease_duration)
+    }
+}
+
 /// One round: acquire, renew or observe. `Ok(true)` when we hold the lease.
-async fn try_acquire(api: &Api<Lease>, s: &ElectionSettings) -> Result<bool, kube::Error> {
+async fn try_acquire(
+    api: &Api<Lease>,
+    s: &ElectionSettings,
+    observed: &mut Observed,
+) -> Result<bool, kube::Error> {
     let duration_seconds = i32::try_from(s.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX);
     let Some(mut lease) = api.get_opt(&s.lease_name).await? else {
+        let spec = LeaseSpec {
+            holder_identity: Some(s.identity.clone()),
+            lease_duration_seconds: Some(duration_seconds),
+            acquire_time: Some(now()),
+            renew_time: Some(now()),
+            lease_transitions: Some(0),
+            ..Default::default()
+        };
         let lease = Lease {
             metadata: ObjectMeta { name: Some(s.lease_name.clone()), ..Default::default() },
-            spec: Some(LeaseSpec {
-                holder_identity: Some(s.identity.clone()),
-                lease_duration_seconds: Some(duration_seconds),
-                acquire_time: Some(now()),
-                renew_time: Some(now()),
-                lease_transitions: Some(0),
-                ..Default::default()
-            }),
+            spec: Some(spec.clone()),
         };
         return match api.create(&PostParams::default(), &lease).await {
-            Ok(_) => Ok(true),
+            Ok(_) => {
+                observed.see(&spec);
+                Ok(true)
+            }
             Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
             Err(e) => Err(e),
         };
     };
     let spec = lease.spec.get_or_insert_with(Default::default);
+    observed.see(spec);
     let holder = spec.holder_identity.clone().unwrap_or_default();
-    let duration_ms = i64::from(spec.lease_duration_seconds.unwrap_or(duration_seconds)) * 1000;
-    let expired = millis(&spec.renew_time) + duration_ms < Timestamp::now().as_millisecond();
+    let duration = Duration::from_secs(
+        u64::try_from(spec.lease_duration_seconds.unwrap_or(duration_seconds)).unwrap_or(1),
+    );
     if holder == s.identity {
         spec.renew_time = Some(now());
-    } else if holder.is_empty() || expired {
+    } else if holder.is_empty() || observed.expired(duration) {
         spec.holder_identity = Some(s.identity.clone());
         spec.acquire_time = Some(now());
         spec.renew_time = Some(now());
@@ -69,8 +107,12 @@ async fn try_acquire(api: &Api<Lease>, s: &ElectionSettings) -> Result<bool, kub
     } else {
         return Ok(false);
     }
+    let written = spec.clone();
     match api.replace(&s.lease_name, &PostParams::default(), &lease).await {
-        Ok(_) => Ok(true),
+        Ok(_) => {
+            observed.see(&written);
+            Ok(true)
+        }
         // Someone else renewed or took over first.
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
         Err(e) => Err(e),
@@ -91,7 +133,7 @@ async fn release(api: &Api<Lease>, s: &ElectionSettings) {
 }
 
 /// Campaigns until `stop`, publishing whether we lead on `leading`. A
-/// leader that cannot renew within the lease duration steps down before
+/// leader that cannot renew within the renew deadline steps down before
 /// anyone else can take over.
 pub async fn run(
     api: Api<Lease>,
@@ -99,33 +141,45 @@ pub async fn run(
     leading: watch::Sender<bool>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let mut last_renewal = tokio::time::Instant::now();
+    let mut observed = Observed::default();
+    let mut last_renewal = Instant::now();
     loop {
-        let outcome = tokio::time::timeout(
-            settings.retry_period.max(Duration::from_millis(100)) * 2,
-            try_acquire(&api, &settings),
-        )
-        .await;
+        // A round may not outlast what is left of the renew deadline.
+        let budget = if *leading.borrow() {
+            settings.renew_deadline.saturating_sub(last_renewal.elapsed())
+        } else {
+            settings.retry_period
+        }
+        .max(Duration::from_millis(10));
+        let outcome =
+            tokio::time::timeout(budget, try_acquire(&api, &settings, &mut observed)).await;
         let leader = match outcome {
-            Ok(Ok(held)) => {
-                if held {
-                    last_renewal = tokio::time::Instant::now();
-                }
-                held
+            Ok(Ok(true)) => {
+                last_renewal = Instant::now();
+                true
             }
+            Ok(Ok(false)) => false,
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "leader election round failed");
-                *leading.borrow() && last_renewal.elapsed() < settings.lease_duration
+                *leading.borrow() && last_renewal.elapsed() < settings.renew_deadline
             }
-            Err(_) => *leading.borrow() && last_renewal.elapsed() < settings.lease_duration,
+            Err(_) => *leading.borrow() && last_renewal.elapsed() < settings.renew_deadline,
         };
         if leader != *leading.borrow() {
             tracing::info!(identity = %settings.identity, leader, "leadership changed");
             let _ = leading.send(leader);
         }
+        let wait = if leader {
+            // Wake in time to step down at the deadline if renewals fail.
+            settings
+                .retry_period
+                .min(settings.renew_deadline.saturating_sub(last_renewal.elapsed()))
+        } else {
+            settings.retry_period
+        };
         tokio::select! {
             _ = stop.wait_for(|s| *s) => break,
-            () = tokio::time::sleep(settings.retry_period) => {}
+            () = tokio::time::sleep(wait) => {}
         }
     }
     if *leading.borrow() {

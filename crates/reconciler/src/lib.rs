@@ -35,7 +35,7 @@ use crate::controller::{Controller, Settings};
 use crate::metrics::Metrics;
 use crate::render::RenderSettings;
 use crate::target::directory::DirectoryTarget;
-use crate::target::kube::KubeTarget;
+use crate::target::kube::{KubeSettings, KubeTarget};
 use crate::target::Target;
 
 /// Why the reconciler could not start.
@@ -53,6 +53,8 @@ pub enum RunError {
     Bind { addr: String, source: std::io::Error },
     #[error("HTTP server: {0}")]
     Http(std::io::Error),
+    #[error("invalid flags: {0}")]
+    Flags(String),
 }
 
 fn read(what: &'static str, path: &std::path::Path) -> Result<Vec<u8>, RunError> {
@@ -70,6 +72,8 @@ pub fn settings(config: &Config) -> Settings {
             namespace: config.namespace.clone(),
             default_supervisor_image: config.supervisor_image.clone(),
             progress_deadline: config.progress_deadline,
+            name_prefix: config.name_prefix.clone(),
+            ingress_class: config.ingress_class.clone(),
         },
         policy: RecoveryPolicy {
             budget: config.retry_budget,
@@ -105,6 +109,7 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
+    config.validate().map_err(RunError::Flags)?;
     if let Some(path) = &config.token_file {
         // Checked once at start so a wrong path fails fast; afterwards the
         // client reads the file again whenever it changes.
@@ -126,7 +131,11 @@ pub async fn run(
     };
     let target: Arc<dyn Target> = match (&config.target, &kube) {
         (TargetKind::Kube, Some(client)) => {
-            Arc::new(KubeTarget::new(client.clone(), config.namespace.clone()))
+            let settings = KubeSettings {
+                relist_period: config.sync_period,
+                route_deadline: config.route_deadline,
+            };
+            Arc::new(KubeTarget::with_settings(client.clone(), config.namespace.clone(), settings))
         }
         _ => Arc::new(DirectoryTarget::new(config.directory.clone())),
     };
@@ -150,15 +159,17 @@ pub async fn run(
     let election = match (&kube, config.leader_elect) {
         (Some(client), true) => {
             let identity = config.identity.clone().unwrap_or_else(default_identity);
+            let lease_namespace =
+                config.lease_namespace.clone().unwrap_or_else(|| config.namespace.clone());
             let settings = leader::ElectionSettings {
                 lease_name: config.lease_name.clone(),
-                namespace: config.namespace.clone(),
+                namespace: lease_namespace.clone(),
                 identity,
                 lease_duration: config.lease_duration,
-                retry_period: (config.lease_duration / 5)
-                    .max(std::time::Duration::from_millis(100)),
+                renew_deadline: config.renew_deadline(),
+                retry_period: config.retry_period(),
             };
-            let api = kube::Api::namespaced(client.clone(), &config.namespace);
+            let api = kube::Api::namespaced(client.clone(), &lease_namespace);
             Some(tokio::spawn(leader::run(api, settings, leading_tx, stop_rx.clone())))
         }
         _ => None,

@@ -14,6 +14,11 @@ use serde_json::{json, Map, Value};
 pub const FIELD_MANAGER: &str = "gantry-reconciler";
 /// Label naming the gateway an object belongs to.
 pub const LABEL_GATEWAY: &str = "gantry.dev/gateway";
+/// Label (and annotation) with the uid of that gateway: only objects
+/// carrying the uid of a gateway are changed or deleted for it, so a new
+/// gateway of the same name, or one named like someone else's object,
+/// never takes over what it did not create.
+pub const LABEL_GATEWAY_UID: &str = "gantry.dev/gateway-uid";
 /// Standard label marking gantry's objects.
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "gantry";
@@ -43,6 +48,11 @@ pub struct RenderSettings {
     pub default_supervisor_image: String,
     /// The Deployment's `progressDeadlineSeconds`.
     pub progress_deadline: std::time::Duration,
+    /// Prefix of every object name (`<prefix><gateway>`).
+    pub name_prefix: String,
+    /// `spec.ingressClassName` of routes (empty: the cluster's default
+    /// class).
+    pub ingress_class: String,
 }
 
 impl Default for RenderSettings {
@@ -51,6 +61,8 @@ impl Default for RenderSettings {
             namespace: "default".into(),
             default_supervisor_image: "ghcr.io/gantry-dev/supervisor:0.1.0".into(),
             progress_deadline: std::time::Duration::from_secs(600),
+            name_prefix: String::new(),
+            ingress_class: String::new(),
         }
     }
 }
@@ -62,23 +74,27 @@ pub struct Rendered {
     pub fingerprint: String,
 }
 
-/// Labels on every object of `name`.
-pub fn common_labels(name: &str) -> Value {
+/// Labels on every object of gateway `name` with `uid`.
+pub fn common_labels(name: &str, uid: &str) -> Value {
     json!({
         "app.kubernetes.io/name": "gantry-gateway",
         "app.kubernetes.io/instance": name,
         LABEL_MANAGED_BY: MANAGED_BY,
         LABEL_GATEWAY: name,
+        LABEL_GATEWAY_UID: uid,
     })
 }
 
-/// The label selector of everything `name` owns.
-pub fn owned_selector(name: &str) -> String {
-    format!("{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_GATEWAY}={name}")
+/// The label selector of everything the gateway with `uid` owns.
+pub fn owned_selector(uid: &str) -> String {
+    format!("{LABEL_MANAGED_BY}={MANAGED_BY},{LABEL_GATEWAY_UID}={uid}")
 }
 
-fn metadata(name: &str, namespace: &str) -> Value {
-    json!({"name": name, "namespace": namespace, "labels": common_labels(name)})
+fn metadata(object: &str, gateway: &str, uid: &str, namespace: &str) -> Value {
+    json!({
+        "name": object, "namespace": namespace, "labels": common_labels(gateway, uid),
+        "annotations": {LABEL_GATEWAY_UID: uid},
+    })
 }
 
 fn settings_document(spec: &GatewaySpec) -> String {
@@ -121,12 +137,15 @@ fn security_context() -> Value {
 
 /// Renders the objects of `gateway`.
 pub fn render(gateway: &Gateway, settings: &RenderSettings) -> Rendered {
-    let name = gateway.metadata.as_ref().map_or("", |m| m.name.as_str());
+    let gateway_name = gateway.metadata.as_ref().map_or("", |m| m.name.as_str());
+    let uid = gateway.metadata.as_ref().map_or("", |m| m.uid.as_str());
+    let object_name = format!("{}{gateway_name}", settings.name_prefix);
+    let name = object_name.as_str();
     let ns = settings.namespace.as_str();
+    let metadata = |_: &str, ns: &str| metadata(name, gateway_name, uid, ns);
     let default_spec = GatewaySpec::default();
     let spec = gateway.spec.as_ref().unwrap_or(&default_spec);
-    let replicas = spec.replicas.unwrap_or(gantry_core::canonical::DEFAULT_REPLICAS);
-    let selector = json!({LABEL_GATEWAY: name});
+    let selector = json!({LABEL_GATEWAY: gateway_name});
     let supervisor_image = if spec.supervisor_image.is_empty() {
         settings.default_supervisor_image.as_str()
     } else {
@@ -151,14 +170,10 @@ pub fn render(gateway: &Gateway, settings: &RenderSettings) -> Rendered {
     ];
     let probe =
         |path: &str| json!({"httpGet": {"path": path, "port": "health"}, "periodSeconds": 10});
-    let mut pod_labels = common_labels(name);
-    if let Some(map) = pod_labels.as_object_mut() {
-        map.insert(LABEL_GATEWAY.into(), json!(name));
-    }
-    let deployment = json!({
+    let pod_labels = common_labels(gateway_name, uid);
+    let mut deployment = json!({
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata(name, ns),
         "spec": {
-            "replicas": replicas,
             "selector": {"matchLabels": selector},
             "progressDeadlineSeconds": settings.progress_deadline.as_secs(),
             "template": {
@@ -194,6 +209,11 @@ pub fn render(gateway: &Gateway, settings: &RenderSettings) -> Rendered {
             },
         },
     });
+    // Replicas left unset in the spec are not applied, so an autoscaler or
+    // `kubectl scale` owns them and is not fought.
+    if let Some(replicas) = spec.replicas {
+        deployment["spec"]["replicas"] = json!(replicas);
+    }
     manifests.push(deployment);
     if let Some(route) = spec.route.as_ref().filter(|r| !r.host.is_empty()) {
         let mut ingress = json!({
@@ -203,13 +223,16 @@ pub fn render(gateway: &Gateway, settings: &RenderSettings) -> Rendered {
                 "backend": {"service": {"name": name, "port": {"name": "https"}}},
             }]}}]},
         });
+        if !settings.ingress_class.is_empty() {
+            ingress["spec"]["ingressClassName"] = json!(settings.ingress_class);
+        }
         if !route.tls_secret_name.is_empty() {
             ingress["spec"]["tls"] =
                 json!([{"hosts": [route.host], "secretName": route.tls_secret_name}]);
         }
         manifests.push(ingress);
     }
-    if replicas > 1 {
+    if spec.replicas.is_some_and(|r| r > 1) {
         manifests.push(json!({
             "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": metadata(name, ns),
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
@@ -238,7 +261,11 @@ mod tests {
 
     fn gateway(spec: GatewaySpec) -> Gateway {
         Gateway {
-            metadata: Some(ObjectMeta { name: "edge".into(), ..Default::default() }),
+            metadata: Some(ObjectMeta {
+                name: "edge".into(),
+                uid: "0b9c6a52-8d1e-4f7a-9a51-3c2f1e0d4b6a".into(),
+                ..Default::default()
+            }),
             spec: Some(spec),
             status: None,
         }

@@ -1,12 +1,27 @@
 //! The Kubernetes target: kube-rs server-side apply with the field manager
-//! `gantry-reconciler` (forced: the reconciler owns these objects), prune
-//! by label of kinds no longer rendered, rollout observation from the
-//! Deployment, and a watch on owned Deployments so that out-of-band edits
-//! are repaired. Every call has a bounded timeout; only a genuine NotFound
-//! counts as absent.
+//! `gantry-reconciler`, on objects this gateway owns only.
+//!
+//! - **Ownership**: every object carries the gateway's name and uid (labels
+//!   and an annotation). Before an object is applied, an existing object of
+//!   that kind and name without this gateway's uid stops the apply with
+//!   "Kind name exists and is not managed by this gateway" (Helm's check);
+//!   deletion and pruning select by uid, so they never touch anything else.
+//! - **Drift**: an informer-style cache of every owned kind (watches
+//!   relisted from the cluster every resync period, spread over it) holds
+//!   the live objects; an object is drifted when a field gantry renders has
+//!   another value live (values compared semantically: quantities by amount,
+//!   list items by name). A converged gateway costs no cluster request at
+//!   all, and fields gantry does not render (such as `replicas` when the
+//!   spec leaves it to an autoscaler) are never fought.
+//! - **Observe**: the rollout from the cached Deployment (as `kubectl
+//!   rollout status`); the route from the cached Ingress' load-balancer
+//!   address, with its own deadline.
+//!
+//! Every call has a bounded timeout; only a genuine NotFound counts as
+//! absent.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::stream::BoxStream;
@@ -21,140 +36,174 @@ use serde_json::Value;
 
 use super::{Owner, Target, TargetError};
 use crate::render::{
-    owned_selector, Rendered, FIELD_MANAGER, LABEL_GATEWAY, LABEL_MANAGED_BY, MANAGED_BY,
-    OWNED_KINDS,
+    owned_selector, Rendered, FIELD_MANAGER, LABEL_GATEWAY, LABEL_GATEWAY_UID, LABEL_MANAGED_BY,
+    MANAGED_BY, OWNED_KINDS,
 };
 use crate::status::{Observation, Workload};
 
 /// Longest any single call to the cluster may take.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// Tunables of the Kubernetes target.
+#[derive(Debug, Clone)]
+pub struct KubeSettings {
+    /// Every owned kind is listed again from the cluster about this often
+    /// (a watch that missed a change, or resumed on a server that lost the
+    /// objects, is corrected within one period).
+    pub relist_period: Duration,
+    /// How long a route may wait for a load-balancer address before the
+    /// gateway is DEGRADED.
+    pub route_deadline: Duration,
+}
+
+impl Default for KubeSettings {
+    fn default() -> Self {
+        Self { relist_period: Duration::from_secs(300), route_deadline: Duration::from_secs(600) }
+    }
+}
+
 /// Gateways' objects in one namespace of a cluster.
 pub struct KubeTarget {
     client: Client,
     namespace: String,
-    /// The Deployment as our last apply left it, per gateway: a different
-    /// live spec means someone changed it. (Its generation alone cannot
-    /// tell: the API server also bumps it when annotations change, as the
-    /// deployment controller's revision annotation does after every
-    /// rollout.)
-    applied: Mutex<HashMap<String, Applied>>,
-    /// Owned objects that exist, as the watches of every owned kind see
-    /// them: a rendered object missing here was deleted out of band.
-    present: Arc<Mutex<Present>>,
+    settings: KubeSettings,
+    cache: Arc<Mutex<Cache>>,
 }
 
-/// What the owned-object watches know (an informer cache of names only).
+type Key = (String, String);
+
+/// What the owned-object watches know (an informer cache).
 #[derive(Debug, Default)]
-struct Present {
-    /// Kinds whose watch has finished its initial list.
+struct Cache {
+    /// Kinds whose watch has finished a list.
     synced: HashSet<String>,
-    /// `(kind, name)` of existing owned objects → their gateway label.
-    objects: HashMap<(String, String), Option<String>>,
-    /// `(kind, gateway)` → how many objects of that kind the gateway owns.
-    owners: HashMap<(String, String), usize>,
-    /// What observing needs of each owned Deployment, by name: resyncs and
-    /// restarts then read no Deployment from the API server.
-    deployments: HashMap<String, DeploymentView>,
-    /// Deployments the watch saw deleted (until the next apply of them).
-    deleted_deployments: HashSet<String>,
-    /// Completed lists of the Deployment watch.
-    deployment_lists: u64,
+    /// `(kind, name)` → the live object.
+    objects: HashMap<Key, Live>,
+    /// A list in progress, per kind: swapped in whole when it is done, so a
+    /// relist never shows a half-empty cache.
+    listing: HashMap<String, HashMap<String, Live>>,
+    /// `(kind, name)` → resourceVersion our last apply returned: a cached
+    /// copy older than that is not judged (the watch lags our write).
+    applied: HashMap<Key, u64>,
 }
 
-/// What the reconciler remembers of a Deployment it applied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Applied {
-    /// Its generation: a cached copy older than this is stale.
-    generation: i64,
-    /// Hash of its `spec` as the API server returned it.
-    spec_hash: u64,
-    /// How many times the Deployment watch had listed when we applied: a
-    /// later list without the object means it is gone.
-    lists: u64,
+/// An owned object as the watch last saw it.
+#[derive(Debug, Clone)]
+struct Live {
+    gateway: Option<String>,
+    uid: Option<String>,
+    resource_version: u64,
+    object: Arc<Value>,
 }
 
-/// The part of a live Deployment the reconciler looks at.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct DeploymentView {
-    generation: Option<i64>,
-    /// Hash of `spec` (with the server's defaults), to tell drift apart
-    /// from metadata-only changes.
-    spec_hash: u64,
-    /// The rendered fingerprint carried by the pod template.
-    fingerprint: Option<String>,
-    workload: Workload,
-}
-
-impl DeploymentView {
-    fn of(deployment: &Deployment) -> DeploymentView {
-        let fingerprint = deployment
-            .spec
-            .as_ref()
-            .and_then(|s| s.template.metadata.as_ref())
-            .and_then(|m| m.annotations.as_ref())
-            .and_then(|a| a.get(crate::render::ANNOTATION_FINGERPRINT))
-            .cloned();
-        let spec = serde_json::to_vec(&deployment.spec).unwrap_or_default();
-        DeploymentView {
-            generation: deployment.metadata.generation,
-            spec_hash: {
-                use std::hash::{Hash, Hasher};
-                let mut hasher = std::collections::hash_map::DefaultHasher::new();
-                spec.hash(&mut hasher);
-                hasher.finish()
-            },
-            fingerprint,
-            workload: rollout(deployment),
+impl Live {
+    fn of(o: &DynamicObject) -> Live {
+        let label = |key: &str| o.metadata.labels.as_ref().and_then(|l| l.get(key).cloned());
+        let mut object = serde_json::to_value(o).unwrap_or_default();
+        if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.remove("managedFields");
+        }
+        Live {
+            gateway: label(LABEL_GATEWAY),
+            uid: label(LABEL_GATEWAY_UID),
+            resource_version: resource_version(o.metadata.resource_version.as_deref()),
+            object: Arc::new(object),
         }
     }
 }
 
-impl Present {
-    fn insert(&mut self, kind: &str, name: String, gateway: Option<String>) {
-        if let Some(old) = self.objects.insert((kind.to_string(), name), gateway.clone()) {
-            self.release(kind, old);
-        }
-        if let Some(gateway) = gateway {
-            *self.owners.entry((kind.to_string(), gateway)).or_default() += 1;
-        }
-    }
+fn resource_version(rv: Option<&str>) -> u64 {
+    rv.and_then(|rv| rv.parse().ok()).unwrap_or(0)
+}
 
-    fn remove(&mut self, kind: &str, name: String) {
-        if let Some(old) = self.objects.remove(&(kind.to_string(), name)) {
-            self.release(kind, old);
-        }
-    }
+fn key(kind: &str, name: &str) -> Key {
+    (kind.to_string(), name.to_string())
+}
 
-    fn release(&mut self, kind: &str, gateway: Option<String>) {
-        let Some(gateway) = gateway else { return };
-        let key = (kind.to_string(), gateway);
-        if let Some(count) = self.owners.get_mut(&key) {
-            *count -= 1;
-            if *count == 0 {
-                self.owners.remove(&key);
+fn kind_and_name(manifest: &Value) -> (&str, &str) {
+    (manifest["kind"].as_str().unwrap_or(""), manifest["metadata"]["name"].as_str().unwrap_or(""))
+}
+
+/// Whether `live` has every value `want` sets (what gantry applies):
+/// fields others added are ignored, quantities compare by amount, list
+/// items with a `name` are matched by name, other lists item by item.
+pub fn covers(live: &Value, want: &Value) -> bool {
+    match (live, want) {
+        (Value::Object(live), Value::Object(want)) => want.iter().all(|(k, w)| match live.get(k) {
+            Some(l) => covers(l, w),
+            None => is_empty(w),
+        }),
+        (Value::Array(live), Value::Array(want)) => {
+            let named = want.iter().all(|w| w.get("name").is_some());
+            if named {
+                want.iter()
+                    .all(|w| live.iter().any(|l| l.get("name") == w.get("name") && covers(l, w)))
+            } else {
+                live.len() == want.len() && live.iter().zip(want).all(|(l, w)| covers(l, w))
             }
         }
-    }
-
-    /// Forgets a kind while its watch lists again.
-    fn relisting(&mut self, kind: &str) {
-        self.synced.remove(kind);
-        if kind == "Deployment" {
-            self.deployments.clear();
+        (Value::String(l), Value::String(w)) => {
+            l == w
+                || matches!(
+                    (gantry_core::syntax::quantity_nanos(l), gantry_core::syntax::quantity_nanos(w)),
+                    (Some(a), Some(b)) if a == b
+                )
         }
-        self.objects.retain(|(k, _), _| k != kind);
-        self.owners.retain(|(k, _), _| k != kind);
+        (Value::Number(l), Value::Number(w)) => l.as_f64() == w.as_f64(),
+        (l, w) => l == w || (l.is_null() && is_empty(w)),
+    }
+}
+
+fn is_empty(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Object(m) => m.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        _ => false,
+    }
+}
+
+impl Cache {
+    /// Gateways whose objects differ between two lists of one kind.
+    fn swap_list(&mut self, kind: &str, listed: HashMap<String, Live>) -> Vec<String> {
+        let mut changed = Vec::new();
+        let old: Vec<Key> = self.objects.keys().filter(|(k, _)| k == kind).cloned().collect();
+        for k in old {
+            let before = self.objects.remove(&k);
+            let after = listed.get(&k.1);
+            let same = matches!((&before, after), (Some(b), Some(a)) if b.resource_version == a.resource_version);
+            if !same {
+                changed.extend(before.and_then(|b| b.gateway));
+                if after.is_none() {
+                    self.applied.remove(&k);
+                }
+            }
+        }
+        for (name, live) in listed {
+            let k = key(kind, &name);
+            if !self.objects.contains_key(&k) {
+                changed.extend(live.gateway.clone());
+            }
+            self.objects.insert(k, live);
+        }
+        self.synced.insert(kind.to_string());
+        changed.sort();
+        changed.dedup();
+        changed
     }
 
-    /// Whether `gateway` may own objects of `kind`: always, until that
-    /// kind's watch has listed; afterwards, whether the watch saw one.
-    fn may_own(&self, kind: &str, gateway: &str) -> bool {
-        !self.synced.contains(kind) || self.owners.contains_key(&(kind.to_string(), gateway.into()))
+    /// Whether the cached copy of `k` is at least as new as our last apply.
+    fn caught_up(&self, k: &Key) -> bool {
+        match (self.objects.get(k), self.applied.get(k)) {
+            (_, None) => true,
+            (Some(live), Some(applied)) => live.resource_version >= *applied,
+            (None, Some(_)) => false,
+        }
     }
 
-    fn exists(&self, kind: &str, name: &str) -> bool {
-        self.objects.contains_key(&(kind.to_string(), name.to_string()))
+    fn owns_any(&self, kind: &str, uid: &str) -> bool {
+        !self.synced.contains(kind)
+            || self.objects.iter().any(|((k, _), l)| k == kind && l.uid.as_deref() == Some(uid))
     }
 }
 
@@ -218,10 +267,10 @@ fn is_immutable_change(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 422 && s.message.contains("field is immutable"))
 }
 
-/// Server-side applies `manifest`; when the live object differs in a field
-/// that cannot change, deletes it and applies again, as
-/// `kubectl apply --force` does (retrying the same apply would fail
-/// forever).
+/// Server-side applies `manifest` (forced: the object is ours, checked
+/// before); when the live object differs in a field that cannot change,
+/// deletes it and applies again, as `kubectl apply --force` does (retrying
+/// the same apply would fail forever).
 async fn apply_or_recreate(
     api: &Api<DynamicObject>,
     kind: &str,
@@ -243,86 +292,92 @@ async fn apply_or_recreate(
     }
 }
 
+/// The refusal for an object in the way.
+fn not_ours(kind: &str, name: &str) -> TargetError {
+    TargetError(format!(
+        "{kind} {name} exists and is not managed by this gateway; rename or remove it, or give gateways their own namespace"
+    ))
+}
+
 impl KubeTarget {
     pub fn new(client: Client, namespace: impl Into<String>) -> Self {
-        Self {
-            client,
-            namespace: namespace.into(),
-            applied: Mutex::default(),
-            present: Arc::default(),
-        }
+        Self::with_settings(client, namespace, KubeSettings::default())
+    }
+
+    pub fn with_settings(
+        client: Client,
+        namespace: impl Into<String>,
+        settings: KubeSettings,
+    ) -> Self {
+        Self { client, namespace: namespace.into(), settings, cache: Arc::default() }
     }
 
     fn api(&self, api_version: &str, kind: &str) -> Api<DynamicObject> {
         Api::namespaced_with(self.client.clone(), &self.namespace, &api_resource(api_version, kind))
     }
 
-    fn remember(&self, gateway: &str, deployment: Option<&DeploymentView>) {
-        let lists = {
-            let mut present =
-                self.present.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            present.deleted_deployments.remove(gateway);
-            present.deployment_lists
-        };
-        let mut map = self.applied.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        match deployment {
-            Some(d) => map.insert(
-                gateway.to_string(),
-                Applied { generation: d.generation.unwrap_or(0), spec_hash: d.spec_hash, lists },
-            ),
-            None => map.remove(gateway),
-        };
+    fn cache(&self) -> MutexGuard<'_, Cache> {
+        self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn remembered(&self, gateway: &str) -> Option<Applied> {
-        self.applied.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(gateway).copied()
-    }
-
-    /// The Deployment as the watch last saw it (`Some(None)`: absent), when
-    /// that is at least as new as our last apply; `None` until the watch
-    /// can tell (not listed yet, or it lags our apply).
-    fn cached_deployment(&self, gateway: &str) -> Option<Option<DeploymentView>> {
-        let present = self.present.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !present.synced.contains("Deployment") {
-            return None;
-        }
-        let applied = self.remembered(gateway);
-        match (present.deployments.get(gateway), applied) {
-            (Some(view), Some(applied)) if view.generation.unwrap_or(0) < applied.generation => {
-                None
+    /// Fails unless `kind/name` is absent or marked with `owner`'s uid. The
+    /// cache answers for objects it holds; anything else is read (an object
+    /// without gantry's labels is not in the cache).
+    async fn check_owner(
+        &self,
+        api: &Api<DynamicObject>,
+        kind: &str,
+        name: &str,
+        owner: &Owner,
+    ) -> Result<(), TargetError> {
+        let cached = self.cache().objects.get(&key(kind, name)).map(|l| l.uid.clone());
+        let uid = match cached {
+            Some(uid) => uid,
+            None => {
+                let live = bounded(&format!("get {kind} {name}"), api.get_opt(name)).await?;
+                match live {
+                    None => return Ok(()),
+                    Some(o) => o.metadata.labels.and_then(|l| l.get(LABEL_GATEWAY_UID).cloned()),
+                }
             }
-            (Some(view), _) => Some(Some(view.clone())),
-            (None, None) => Some(None),
-            // Applied, and since then deleted or missing from a new list.
-            (None, Some(applied))
-                if present.deleted_deployments.contains(gateway)
-                    || present.deployment_lists > applied.lists =>
-            {
-                Some(None)
-            }
-            (None, Some(_)) => None,
+        };
+        if uid.as_deref() == Some(owner.uid.as_str()) && !owner.uid.is_empty() {
+            Ok(())
+        } else {
+            Err(not_ours(kind, name))
         }
     }
 
-    fn may_own(&self, kind: &str, gateway: &str) -> bool {
-        self.present
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .may_own(kind, gateway)
-    }
-
-    /// Names of owned objects of one kind.
+    /// Objects of one kind marked with `owner`'s uid.
     async fn owned(
         &self,
         api: &Api<DynamicObject>,
-        gateway: &str,
+        owner: &Owner,
         kind: &str,
     ) -> Result<Vec<DynamicObject>, TargetError> {
-        let params = ListParams::default().labels(&owned_selector(gateway));
+        let params = ListParams::default().labels(&owned_selector(&owner.uid));
         Ok(bounded(&format!("list {kind}"), api.list(&params)).await?.items)
     }
-}
 
+    /// The route's state from the cached Ingress: its address, or how long
+    /// it has waited for one.
+    fn route(&self, name: &str) -> (String, Option<Duration>) {
+        let cache = self.cache();
+        let Some(live) = cache.objects.get(&key("Ingress", name)) else {
+            return (String::new(), None);
+        };
+        let lb = &live.object["status"]["loadBalancer"]["ingress"][0];
+        let address = lb["hostname"].as_str().filter(|h| !h.is_empty()).or(lb["ip"].as_str());
+        let created = live.object["metadata"]["creationTimestamp"]
+            .as_str()
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
+        let waited = created.map(|c| {
+            let secs = k8s_openapi::jiff::Timestamp::now().as_second() - c.as_second();
+            Duration::from_secs(u64::try_from(secs).unwrap_or(0))
+        });
+        (address.unwrap_or("").to_string(), waited)
+    }
+}
 /// Whether a Deployment's rollout of its current generation is complete,
 /// in progress, or stalled (kubectl rollout status semantics).
 pub fn rollout(deployment: &Deployment) -> Workload {
@@ -369,58 +424,42 @@ pub fn rollout(deployment: &Deployment) -> Workload {
     Workload::Available
 }
 
-/// Updates what exists from one watch event; the gateway to re-check, if
-/// the event concerns one.
+/// Updates the cache from one watch event; the gateways to re-check.
 fn track(
-    present: &Mutex<Present>,
+    cache: &Mutex<Cache>,
     kind: &str,
     event: Result<watcher::Event<DynamicObject>, watcher::Error>,
-) -> Option<String> {
-    let mut present = present.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let gateway_of =
-        |o: &DynamicObject| o.metadata.labels.as_ref().and_then(|l| l.get(LABEL_GATEWAY).cloned());
+) -> Vec<String> {
+    let mut cache = cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     match event {
         Ok(watcher::Event::Init) => {
-            present.relisting(kind);
-            None
+            cache.listing.insert(kind.to_string(), HashMap::new());
+            Vec::new()
+        }
+        Ok(watcher::Event::InitApply(o)) => {
+            let name = o.metadata.name.clone().unwrap_or_default();
+            cache.listing.entry(kind.to_string()).or_default().insert(name, Live::of(&o));
+            Vec::new()
         }
         Ok(watcher::Event::InitDone) => {
-            present.synced.insert(kind.to_string());
-            if kind == "Deployment" {
-                present.deployment_lists += 1;
-            }
-            None
+            let listed = cache.listing.remove(kind).unwrap_or_default();
+            cache.swap_list(kind, listed)
         }
-        Ok(watcher::Event::InitApply(o) | watcher::Event::Apply(o)) => {
-            let gateway = gateway_of(&o);
-            let name = o.metadata.name.clone().unwrap_or_default();
-            if kind == "Deployment" {
-                match o.try_parse::<Deployment>() {
-                    Ok(d) => {
-                        present.deployments.insert(name.clone(), DeploymentView::of(&d));
-                    }
-                    Err(e) => {
-                        tracing::warn!(name, error = %e, "cannot read a watched Deployment");
-                        present.deployments.remove(&name);
-                    }
-                }
-            }
-            present.insert(kind, name, gateway.clone());
-            gateway
+        Ok(watcher::Event::Apply(o)) => {
+            let live = Live::of(&o);
+            let gateway = live.gateway.clone();
+            cache.objects.insert(key(kind, o.metadata.name.as_deref().unwrap_or("")), live);
+            gateway.into_iter().collect()
         }
         Ok(watcher::Event::Delete(o)) => {
-            let gateway = gateway_of(&o);
-            let name = o.metadata.name.unwrap_or_default();
-            if kind == "Deployment" {
-                present.deployments.remove(&name);
-                present.deleted_deployments.insert(name.clone());
-            }
-            present.remove(kind, name);
-            gateway
+            let k = key(kind, o.metadata.name.as_deref().unwrap_or(""));
+            cache.objects.remove(&k);
+            cache.applied.remove(&k);
+            Live::of(&o).gateway.into_iter().collect()
         }
         Err(e) => {
             tracing::warn!(kind, error = %e, "watch of owned objects interrupted; it resumes by itself");
-            None
+            Vec::new()
         }
     }
 }
@@ -428,35 +467,29 @@ fn track(
 #[tonic::async_trait]
 impl Target for KubeTarget {
     async fn apply(&self, owner: &Owner, manifests: &[Value]) -> Result<(), TargetError> {
-        let gateway = owner.name.as_str();
         let mut rendered_kinds = Vec::new();
         for manifest in manifests {
-            let (api_version, kind) = (
-                manifest["apiVersion"].as_str().unwrap_or(""),
-                manifest["kind"].as_str().unwrap_or(""),
-            );
-            let name = manifest["metadata"]["name"].as_str().unwrap_or("");
-            let api = self.api(api_version, kind);
+            let (kind, name) = kind_and_name(manifest);
+            let api = self.api(manifest["apiVersion"].as_str().unwrap_or(""), kind);
+            self.check_owner(&api, kind, name, owner).await?;
             let applied = apply_or_recreate(&api, kind, name, manifest).await?;
-            if kind == "Deployment" {
-                let view = applied.try_parse::<Deployment>().ok().map(|d| DeploymentView::of(&d));
-                self.remember(gateway, view.as_ref());
-            }
+            let rv = resource_version(applied.metadata.resource_version.as_deref());
+            self.cache().applied.insert(key(kind, name), rv);
             rendered_kinds.push(kind.to_string());
         }
-        // Prune: owned objects of kinds no longer rendered, newest kinds
-        // first. The list is skipped when the kind's watch has listed and
-        // saw none of this gateway's (a production cluster would otherwise
-        // serve one label-selected list per kind per apply).
+        // Prune: this gateway's objects of kinds no longer rendered. The
+        // list is skipped when the kind's watch has listed and holds none
+        // of them.
         for (api_version, kind) in OWNED_KINDS.iter().rev() {
-            if rendered_kinds.iter().any(|k| k == kind) || !self.may_own(kind, gateway) {
+            if rendered_kinds.iter().any(|k| k == kind) || !self.cache().owns_any(kind, &owner.uid)
+            {
                 continue;
             }
             let api = self.api(api_version, kind);
-            for object in self.owned(&api, gateway, kind).await? {
+            for object in self.owned(&api, owner, kind).await? {
                 let name = object.metadata.name.unwrap_or_default();
                 delete_object(&api, &format!("prune {kind} {name}"), &name).await?;
-                tracing::info!(gateway, kind, name, "pruned");
+                tracing::info!(gateway = owner.name, kind, name, "pruned");
             }
         }
         Ok(())
@@ -467,56 +500,50 @@ impl Target for KubeTarget {
         owner: &Owner,
         rendered: &Rendered,
     ) -> Result<Observation, TargetError> {
-        let gateway = owner.name.as_str();
-        let has_route = rendered.manifests.iter().any(|m| m["kind"] == "Ingress");
-        let route_address = if has_route {
-            let ingress = self.api("networking.k8s.io/v1", "Ingress");
-            let live = bounded("get Ingress", ingress.get_opt(gateway)).await?;
-            let lb = live.as_ref().map(|i| &i.data["status"]["loadBalancer"]["ingress"][0]);
-            let from_status =
-                lb.and_then(|lb| lb["hostname"].as_str().or(lb["ip"].as_str())).unwrap_or("");
-            let host = rendered
-                .manifests
-                .iter()
-                .find(|m| m["kind"] == "Ingress")
-                .and_then(|i| i["spec"]["rules"][0]["host"].as_str())
-                .unwrap_or("");
-            if from_status.is_empty() {
-                host.to_string()
-            } else {
-                from_status.to_string()
+        let progressing = |message: &str, route_address: String| Observation {
+            workload: Workload::Progressing { message: message.into() },
+            route_address,
+            drifted: false,
+        };
+        let ingress = rendered.manifests.iter().find(|m| m["kind"] == "Ingress");
+        let (route_address, route_waited) = match ingress {
+            Some(i) => self.route(kind_and_name(i).1),
+            None => (String::new(), None),
+        };
+        let (drifted, deployment) = {
+            let cache = self.cache();
+            let mut drifted = false;
+            let mut deployment = None;
+            for manifest in &rendered.manifests {
+                let (kind, name) = kind_and_name(manifest);
+                let k = key(kind, name);
+                // Read from the watch only, as an informer-based controller
+                // does; until it has listed (or caught up with our apply)
+                // the rollout is in progress and nothing is judged.
+                if !cache.synced.contains(kind) || !cache.caught_up(&k) {
+                    return Ok(progressing("waiting for the watches to catch up", route_address));
+                }
+                match cache.objects.get(&k) {
+                    None => drifted = true,
+                    Some(live) => {
+                        if live.uid.as_deref() != Some(owner.uid.as_str())
+                            || !covers(&live.object, manifest)
+                        {
+                            tracing::info!(kind, name, "drifted from what was applied");
+                            drifted = true;
+                        }
+                        if kind == "Deployment" {
+                            deployment = Some(live.object.clone());
+                        }
+                    }
+                }
             }
-        } else {
-            String::new()
-        };
-        // Deployments are read from the watch only, as an informer-based
-        // controller does: no GET per check, and the Role needs no `get`.
-        // Until the watch has caught up the rollout is reported as in
-        // progress, and the gateway is checked again at the poll interval.
-        let Some(deployment) = self.cached_deployment(gateway) else {
-            return Ok(Observation {
-                workload: Workload::Progressing {
-                    message: "waiting for the Deployment watch to catch up".into(),
-                },
-                route_address,
-                drifted: false,
+            // Left behind: this gateway's objects of a kind no longer rendered.
+            let leftover = cache.objects.iter().any(|((kind, _), live)| {
+                live.uid.as_deref() == Some(owner.uid.as_str())
+                    && !rendered.manifests.iter().any(|m| m["kind"] == kind.as_str())
             });
-        };
-        // Out of band: a rendered object deleted, or an object of a kind no
-        // longer rendered left behind (its prune was skipped or failed).
-        let (missing, leftover) = {
-            let present = self.present.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            let kind_of = |m: &Value| m["kind"].as_str().unwrap_or("").to_string();
-            let missing = present.synced.len() == OWNED_KINDS.len()
-                && rendered.manifests.iter().any(|m| {
-                    !present.exists(&kind_of(m), m["metadata"]["name"].as_str().unwrap_or(""))
-                });
-            let leftover = OWNED_KINDS.iter().any(|(_, kind)| {
-                present.synced.contains(*kind)
-                    && present.owners.contains_key(&(kind.to_string(), gateway.to_string()))
-                    && !rendered.manifests.iter().any(|m| m["kind"] == *kind)
-            });
-            (missing, leftover)
+            (drifted || leftover, deployment)
         };
         let Some(deployment) = deployment else {
             return Ok(Observation {
@@ -525,31 +552,36 @@ impl Target for KubeTarget {
                 drifted: true,
             });
         };
-        let drifted = match self.remembered(gateway) {
-            Some(applied) => deployment.spec_hash != applied.spec_hash,
-            // After a restart nothing is remembered: compare what we render.
-            None => {
-                let current = deployment.fingerprint.as_ref() == Some(&rendered.fingerprint);
-                if current {
-                    self.remember(gateway, Some(&deployment));
+        let deployment: Deployment = serde_json::from_value((*deployment).clone())
+            .map_err(|e| TargetError(format!("cannot read the Deployment: {e}")))?;
+        let mut workload = rollout(&deployment);
+        if ingress.is_some() && route_address.is_empty() && workload == Workload::Available {
+            let name = ingress.map_or("", |i| kind_and_name(i).1);
+            let deadline = self.settings.route_deadline;
+            workload = if route_waited.is_some_and(|w| w > deadline) {
+                Workload::Stalled {
+                    reason: "RouteNotAdmitted".into(),
+                    message: format!(
+                        "Ingress {name} has no load-balancer address after {deadline:?}; check that an ingress controller serves its class"
+                    ),
                 }
-                !current
-            }
-        };
-        Ok(Observation {
-            workload: deployment.workload,
-            route_address,
-            drifted: drifted || missing || leftover,
-        })
+            } else {
+                Workload::Progressing {
+                    message: format!("waiting for an address on Ingress {name}"),
+                }
+            };
+        }
+        Ok(Observation { workload, route_address, drifted })
     }
 
     async fn delete(&self, owner: &Owner) -> Result<bool, TargetError> {
-        let gateway = owner.name.as_str();
-        self.remember(gateway, None);
+        if owner.uid.is_empty() {
+            return Ok(true);
+        }
         let mut gone = true;
         for (api_version, kind) in OWNED_KINDS.iter().rev() {
             let api = self.api(api_version, kind);
-            for object in self.owned(&api, gateway, kind).await? {
+            for object in self.owned(&api, owner, kind).await? {
                 gone = false;
                 if object.metadata.deletion_timestamp.is_some() {
                     continue;
@@ -563,21 +595,44 @@ impl Target for KubeTarget {
 
     fn watch_owned(&self) -> Option<BoxStream<'static, String>> {
         let config = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
-        let streams = OWNED_KINDS.iter().map(|(api_version, kind)| {
+        let (tx, rx) = tokio::sync::mpsc::channel::<String>(1024);
+        let period = self.settings.relist_period;
+        for (i, (api_version, kind)) in OWNED_KINDS.iter().enumerate() {
             let api = self.api(api_version, kind);
-            let present = self.present.clone();
-            let kind = kind.to_string();
-            // Backoff between failed (re)connections: without it a watcher
-            // whose API server is gone retries in a tight loop.
-            kube::runtime::WatchStreamExt::default_backoff(watcher(api, config.clone()))
-                .filter_map(move |event| {
-                    let present = present.clone();
-                    let kind = kind.clone();
-                    async move { track(&present, &kind, event) }
-                })
-                .boxed()
-        });
-        Some(futures_util::stream::select_all(streams).boxed())
+            let (cache, config, tx) = (self.cache.clone(), config.clone(), tx.clone());
+            // Relists of the kinds are spread over the period.
+            let offset = period.mul_f64(i as f64 / OWNED_KINDS.len() as f64);
+            tokio::spawn(async move {
+                let mut next_relist = tokio::time::Instant::now() + period + offset;
+                loop {
+                    // Backoff between failed (re)connections: without it a
+                    // watcher whose API server is gone retries in a tight loop.
+                    let mut events = kube::runtime::WatchStreamExt::default_backoff(watcher(
+                        api.clone(),
+                        config.clone(),
+                    ))
+                    .boxed();
+                    loop {
+                        tokio::select! {
+                            event = events.next() => {
+                                let Some(event) = event else { break };
+                                for gateway in track(&cache, kind, event) {
+                                    if tx.send(gateway).await.is_err() {
+                                        return;
+                                    }
+                                }
+                            }
+                            () = tokio::time::sleep_until(next_relist) => break,
+                            () = tx.closed() => return,
+                        }
+                    }
+                    tracing::debug!(kind, "relisting owned objects");
+                    let jitter = 0.9 + fastrand::f64() * 0.2;
+                    next_relist = tokio::time::Instant::now() + period.mul_f64(jitter);
+                }
+            });
+        }
+        Some(tokio_stream::wrappers::ReceiverStream::new(rx).boxed())
     }
 
     fn name(&self) -> &'static str {
@@ -620,6 +675,49 @@ mod tests {
         assert_eq!(rollout(&deployment(2, complete)), Workload::Available);
         let old_pods = json!({"observedGeneration": 2, "replicas": 3, "updatedReplicas": 2, "availableReplicas": 2});
         assert!(matches!(rollout(&deployment(2, old_pods)), Workload::Progressing { .. }));
+    }
+
+    #[test]
+    fn drift_is_a_rendered_value_changed_live_and_nothing_else() {
+        let want = json!({
+            "metadata": {"name": "edge", "labels": {"a": "1"}},
+            "data": {"mode": "safe"},
+            "spec": {
+                "ports": [{"name": "https", "port": 443}],
+                "template": {"spec": {"containers": [{"name": "gateway", "image": "gw:1",
+                    "resources": {"limits": {"memory": "1024Mi"}}}]}},
+            },
+        });
+        // What the server returns: defaults and other managers' fields added,
+        // quantities canonicalised, lists in its own order.
+        let live = json!({
+            "metadata": {"name": "edge", "uid": "x", "labels": {"a": "1", "other": "2"}},
+            "data": {"mode": "safe", "extra": "kept"},
+            "spec": {
+                "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": 443}],
+                "replicas": 7,
+                "template": {"spec": {"containers": [
+                    {"name": "injected-sidecar", "image": "mesh:1"},
+                    {"name": "gateway", "image": "gw:1", "terminationMessagePath": "/dev/termination-log",
+                     "resources": {"limits": {"memory": "1Gi"}}},
+                ]}},
+            },
+        });
+        assert!(covers(&live, &want));
+        for (path, value) in [
+            ("/data/mode", json!("HACKED")),
+            ("/spec/ports/0/port", json!(8443)),
+            ("/spec/template/spec/containers/1/image", json!("evil:1")),
+            ("/spec/template/spec/containers/1/resources/limits/memory", json!("2Gi")),
+            ("/metadata/labels/a", json!("2")),
+        ] {
+            let mut changed = live.clone();
+            *changed.pointer_mut(path).unwrap() = value;
+            assert!(!covers(&changed, &want), "{path} changed and not seen");
+        }
+        let mut removed = live.clone();
+        removed["data"].as_object_mut().unwrap().remove("mode");
+        assert!(!covers(&removed, &want), "a removed key");
     }
 
     #[test]
