@@ -19,7 +19,7 @@ use gantry_reconciler::controller::{Controller, Settings, FINALIZER, RETRY_ANNOT
 use gantry_reconciler::metrics::Metrics;
 use gantry_reconciler::render::RenderSettings;
 use gantry_reconciler::store::{GatewayStore, GrpcStore};
-use gantry_reconciler::target::kube::KubeTarget;
+use gantry_reconciler::target::kube::{KubeSettings, KubeTarget};
 use gantry_reconciler::target::Target;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -72,6 +72,10 @@ impl Rig {
     }
 
     async fn start_with(settings: Settings) -> Rig {
+        Self::start_full(settings, KubeSettings::default()).await
+    }
+
+    async fn start_full(settings: Settings, kube_settings: KubeSettings) -> Rig {
         let dir = temp_dir("reconciler-kube");
         let store =
             StoreProcess::start(&format!("sqlite://{}", dir.join("gantry.db").display()), &dir);
@@ -85,7 +89,8 @@ impl Rig {
             kube::Client::try_from(kube::Config::new(kube.url().parse().unwrap())).unwrap();
         let config = ClientConfig { endpoint: store.endpoint(), ..Default::default() };
         let client = gantry_client::connect(&config).await.unwrap();
-        let target: Arc<dyn Target> = Arc::new(KubeTarget::new(kube_client.clone(), "default"));
+        let target: Arc<dyn Target> =
+            Arc::new(KubeTarget::with_settings(kube_client.clone(), "default", kube_settings));
         let metrics = Arc::new(Metrics::default());
         let controller = Controller::new(grpc_store(&config), target, settings, metrics.clone());
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -272,7 +277,11 @@ async fn a_gateway_converges_changes_and_is_deleted() {
     bigger.replicas = Some(3);
     rig.set_spec("edge", bigger).await;
     let routed = rig.wait_generation("edge", 3).await;
-    assert_eq!(routed.status.as_ref().unwrap().route_address, "edge.example.com");
+    assert_eq!(
+        routed.status.as_ref().unwrap().route_address,
+        gantry_kube_fake::INGRESS_ADDRESS,
+        "the address the ingress controller published, not the requested host"
+    );
     assert!(ingresses.get_opt("edge").await.unwrap().is_some());
     assert!(pdbs.get_opt("edge").await.unwrap().is_some());
     rig.set_spec("edge", spec("ghcr.io/acme/gw:2")).await;
@@ -431,11 +440,14 @@ async fn out_of_band_changes_to_owned_objects_are_repaired() {
 
     // An owned object of a kind the gateway no longer renders (a prune
     // that was skipped or failed) is removed: this gateway has no route.
-    use gantry_reconciler::render::{LABEL_GATEWAY, LABEL_MANAGED_BY, MANAGED_BY};
+    use gantry_reconciler::render::{
+        LABEL_GATEWAY, LABEL_GATEWAY_UID, LABEL_MANAGED_BY, MANAGED_BY,
+    };
     let ingresses: Api<Ingress> = Api::namespaced(rig.kube_client.clone(), "default");
+    let uid = meta(&rig.get("drift").await.unwrap()).uid.clone();
     let leftover: Ingress = serde_json::from_value(serde_json::json!({
         "apiVersion": "networking.k8s.io/v1", "kind": "Ingress",
-        "metadata": {"name": "drift", "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_GATEWAY: "drift"}},
+        "metadata": {"name": "drift", "labels": {LABEL_MANAGED_BY: MANAGED_BY, LABEL_GATEWAY: "drift", LABEL_GATEWAY_UID: uid}},
         "spec": {"rules": [{"host": "old.example.com"}]},
     }))
     .unwrap();
@@ -516,5 +528,40 @@ async fn checking_a_converged_gateway_sends_no_request_to_the_cluster() {
         .collect();
     assert!(requests.is_empty(), "a converged gateway's check reached the cluster: {requests:?}");
     assert_eq!(meta(&rig.get("quiet").await.unwrap()).generation, meta(&g).generation);
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_lost_behind_the_watches_back_are_restored_within_one_sync_period() {
+    // The cluster loses the objects without a watch event (a server
+    // restored from an old backup): the watches' caches still show them, so
+    // only a relist from the cluster can find out.
+    let relist = Duration::from_secs(3);
+    let rig = Rig::start_full(
+        settings(),
+        KubeSettings { relist_period: relist, ..KubeSettings::default() },
+    )
+    .await;
+    let names = ["lost-a", "lost-b", "lost-c"];
+    for name in names {
+        rig.create(name, spec("ghcr.io/acme/gw:1")).await;
+    }
+    for name in names {
+        rig.wait_running(name).await;
+    }
+    rig.kube.lose_objects("default");
+    let lost_at = tokio::time::Instant::now();
+    for name in names {
+        while rig.deployments().get_opt(name).await.unwrap().is_none() {
+            assert!(
+                lost_at.elapsed() < relist + Duration::from_secs(1),
+                "{name}: the lost Deployment was not restored within a sync period"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    for name in names {
+        rig.wait_running(name).await;
+    }
     rig.stop().await;
 }

@@ -181,6 +181,28 @@ impl Rig {
         }
     }
 
+    /// Plays the ingress controller: publishes `hostname` on the Ingress
+    /// once the reconciler has created it.
+    fn admit(&self, ingress: &str, hostname: &str) {
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while !self.kubectl(&["get", "ingress", "-o", "name"]).contains(ingress) {
+            assert!(std::time::Instant::now() < deadline, "Ingress {ingress} never appeared");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let status = format!(
+            r#"{{"status":{{"loadBalancer":{{"ingress":[{{"hostname":"{hostname}"}}]}}}}}}"#
+        );
+        self.kubectl(&[
+            "patch",
+            "ingress",
+            ingress,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &status,
+        ]);
+    }
+
     /// The audit events of the reconciler's identity in this namespace.
     fn reconciler_requests(&self) -> Vec<Value> {
         self.plane
@@ -295,6 +317,7 @@ async fn lifecycle(mut rig: Rig) {
     rig.reconciler(&[]);
 
     rig.create("edge", full_spec("1")).await;
+    rig.admit("edge", "lb-1.example.net");
     let g = rig.wait_running("edge", 1).await;
     let status = g.status.unwrap();
     let ready = status.conditions.iter().find(|c| c.r#type == "Ready").unwrap();
@@ -406,15 +429,30 @@ async fn a_rollout_that_never_becomes_available_is_degraded_until_a_fix() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_route_address_is_what_the_ingress_controller_reports() {
     let Some(mut rig) = Rig::start("route") else { return };
-    rig.reconciler(&[]);
+    rig.reconciler(&["--ingress-class", "edge-lb"]);
     let spec = GatewaySpec {
         image: image("1"),
         route: Some(Route { host: "edge.example.com".into(), tls_secret_name: String::new() }),
         ..Default::default()
     };
     rig.create("edge", spec).await;
-    rig.wait_running("edge", 1).await;
+    // Rolled out, but no ingress controller has admitted the route: not
+    // RUNNING, not Ready, and RouteAdmitted says what it waits for.
+    let g = rig
+        .wait_for("edge", "waiting for the route", |g| {
+            g.status.as_ref().is_some_and(|s| {
+                s.provisioning.iter().any(|p| {
+                    p.name == "RouteAdmitted" && p.state() == gantry_api::v1::StepState::InProgress
+                }) && s.observed_generation == 1
+            })
+        })
+        .await;
+    let status = g.status.unwrap();
+    assert_eq!((status.phase(), status.route_address.as_str()), (Phase::Provisioning, ""));
+    let ready = status.conditions.iter().find(|c| c.r#type == "Ready").unwrap();
+    assert_eq!(ready.status(), ConditionStatus::False);
     let ingress = rig.json(&["get", "ingress", "edge"]);
+    assert_eq!(ingress["spec"]["ingressClassName"], "edge-lb");
     assert_eq!(ingress["spec"]["rules"][0]["host"], "edge.example.com");
     assert_eq!(
         ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]["name"],
@@ -422,19 +460,9 @@ async fn the_route_address_is_what_the_ingress_controller_reports() {
     );
 
     // The test plays the ingress controller: it publishes the address.
-    rig.kubectl(&[
-        "patch",
-        "ingress",
-        "edge",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        r#"{"status":{"loadBalancer":{"ingress":[{"hostname":"lb-1.example.net"}]}}}"#,
-    ]);
-    rig.wait_for("edge", "routed through lb-1.example.net", |g| {
-        g.status.as_ref().is_some_and(|s| s.route_address == "lb-1.example.net")
-    })
-    .await;
+    rig.admit("edge", "lb-1.example.net");
+    let g = rig.wait_running("edge", 1).await;
+    assert_eq!(g.status.unwrap().route_address, "lb-1.example.net");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -521,6 +549,7 @@ async fn the_role_grants_exactly_what_the_reconciler_calls_on_the_real_audit_log
     // A full lifecycle: create with a route and three replicas, change,
     // shrink (prune), delete.
     rig.create("edge", GatewaySpec { replicas: Some(3), ..full_spec("1") }).await;
+    rig.admit("edge", "lb-1.example.net");
     rig.wait_running("edge", 1).await;
     rig.set_spec("edge", GatewaySpec { replicas: Some(3), ..full_spec("2") }).await;
     rig.wait_running("edge", 2).await;
@@ -621,10 +650,12 @@ async fn a_deployment_whose_selector_differs_is_recreated_not_retried_forever() 
     // another selector (as an older release might have left it).
     rig.reconcilers[0].kill9();
     rig.kubectl(&["delete", "deployment", "edge", "--wait=true"]);
+    let uid = rig.get("edge").await.unwrap().metadata.unwrap().uid;
     let old = serde_json::json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "edge", "namespace": rig.namespace,
-                     "labels": {"app.kubernetes.io/managed-by": "gantry", "gantry.dev/gateway": "edge"}},
+                     "labels": {"app.kubernetes.io/managed-by": "gantry", "gantry.dev/gateway": "edge",
+                                "gantry.dev/gateway-uid": uid}},
         "spec": {
             "selector": {"matchLabels": {"app": "edge-old"}},
             "template": {
@@ -720,4 +751,183 @@ async fn rendered_manifests_pass_strict_validation_and_the_restricted_standard()
     let warnings = String::from_utf8_lossy(&out.stderr);
     assert!(warnings.trim().is_empty(), "the API server warned: {warnings}");
     assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), rendered.manifests.len());
+}
+
+/// Writes (create, update, patch, delete) in the audit events.
+fn writes(events: &[Value]) -> Vec<&Value> {
+    events
+        .iter()
+        .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch" | "delete")))
+        .filter(|e| e["objectRef"]["resource"] != "leases")
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_named_like_the_control_plane_cannot_take_it_over() {
+    let Some(mut rig) = Rig::start("takeover") else { return };
+    // The control plane's own objects, in the namespace gateways use.
+    let theirs = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "gateway-store", "namespace": rig.namespace}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gateway-store", "namespace": rig.namespace},
+         "spec": {"selector": {"app": "gateway-store"}, "ports": [{"name": "grpc", "port": 50051}]}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "gateway-reconciler", "namespace": rig.namespace}, "data": {"k": "v"}},
+    ]});
+    rig.plane.kubectl_stdin(
+        &["apply", "--server-side", "--field-manager=platform", "-f", "-"],
+        &theirs.to_string(),
+    );
+    let objects: Vec<Value> = theirs["items"].as_array().unwrap().clone();
+    let before = versions(&rig, &objects);
+    rig.reconciler(&["--retry-budget", "2"]);
+
+    for (gateway, blocked) in [
+        ("gateway-store", "ServiceAccount gateway-store"),
+        ("gateway-reconciler", "ConfigMap gateway-reconciler"),
+    ] {
+        rig.create(gateway, GatewaySpec { image: image("1"), ..Default::default() }).await;
+        let g = rig
+            .wait_for(gateway, "FAILED on the ownership check", |g| {
+                g.status.as_ref().is_some_and(|s| s.phase() == Phase::Failed)
+            })
+            .await;
+        let message = g.status.unwrap().message;
+        assert!(
+            message.contains(&format!("{blocked} exists and is not managed by this gateway")),
+            "{message}"
+        );
+    }
+    assert_eq!(versions(&rig, &objects), before, "the control plane's objects were changed");
+
+    // Deleting the attacking gateways deletes nothing of the control plane.
+    for gateway in ["gateway-store", "gateway-reconciler"] {
+        rig.delete(gateway).await;
+        rig.wait_gone(gateway).await;
+    }
+    assert_eq!(versions(&rig, &objects), before, "the control plane's objects were changed");
+    let events = rig.reconciler_requests();
+    let touched: Vec<_> = writes(&events)
+        .into_iter()
+        .filter(|e| {
+            let (resource, name) = (&e["objectRef"]["resource"], &e["objectRef"]["name"]);
+            objects.iter().any(|o| {
+                o["metadata"]["name"] == *name
+                    && resource.as_str().is_some_and(|r| {
+                        r.trim_end_matches('s') == o["kind"].as_str().unwrap().to_ascii_lowercase()
+                    })
+            })
+        })
+        .collect();
+    assert!(touched.is_empty(), "the reconciler wrote to objects it does not own: {touched:?}");
+}
+
+/// Sum of the reconciler's passes (its `reconciles` counter).
+fn passes(rig: &Rig) -> u64 {
+    let metrics = gantry_e2e::http_get(rig.reconcilers[0].http, "/metrics").unwrap_or_default();
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("gantry_reconciler_reconciles_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Waits for `n` more passes (resyncs when nothing else happens).
+fn wait_passes(rig: &Rig, n: u64) {
+    let start = passes(rig);
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while passes(rig) < start + n {
+        assert!(std::time::Instant::now() < deadline, "no resync happened");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_owned_kind_is_repaired_an_idle_fleet_costs_no_writes_and_scaling_is_not_fought() {
+    let Some(mut rig) = Rig::start("drift-all") else { return };
+    rig.reconciler(&["--sync-period", "2s"]);
+    rig.create("edge", full_spec("1")).await;
+    rig.admit("edge", "lb-1.example.net");
+    rig.create("auto", GatewaySpec { image: image("1"), ..Default::default() }).await;
+    rig.wait_running("edge", 1).await;
+    rig.wait_running("auto", 1).await;
+
+    // Idle and converged: resyncs and relists read, and write nothing.
+    wait_passes(&rig, 2);
+    let before = writes(&rig.reconciler_requests()).len();
+    wait_passes(&rig, 6);
+    let after = rig.reconciler_requests();
+    let idle_writes: Vec<_> = writes(&after).into_iter().skip(before).collect();
+    let summary: Vec<String> = idle_writes
+        .iter()
+        .map(|e| {
+            format!(
+                "{} {} {} at {}",
+                e["verb"],
+                e["objectRef"]["resource"],
+                e["objectRef"]["name"],
+                e["requestReceivedTimestamp"]
+            )
+        })
+        .collect();
+    assert!(
+        idle_writes.is_empty(),
+        "an idle converged fleet wrote: {summary:?}\n{}",
+        rig.reconcilers[0].logs()
+    );
+
+    // Replicas the spec leaves unset belong to whoever scales.
+    rig.kubectl(&["scale", "deployment", "auto", "--replicas=3"]);
+    wait_passes(&rig, 6);
+    let scaled = rig.json(&["get", "deployment", "auto"]);
+    assert_eq!(scaled["spec"]["replicas"], 3, "the reconciler fought a scale: {scaled}");
+
+    // Another actor's change to any field gantry applies is repaired.
+    type Edit = (&'static str, &'static str, &'static str, fn(&Value) -> bool);
+    let edits: [Edit; 7] = [
+        ("configmap", "merge", r#"{"data":{"mode":"HACKED"}}"#, |o| o["data"]["mode"] == "strict"),
+        ("service", "merge", r#"{"spec":{"selector":{"gantry.dev/gateway":"evil"}}}"#, |o| {
+            o["spec"]["selector"]["gantry.dev/gateway"] == "edge"
+        }),
+        // (Changing `port` itself would change the list item's key, which
+        // server-side apply then treats as another item owned by the editor.)
+        (
+            "service",
+            "json",
+            r#"[{"op":"replace","path":"/spec/ports/0/targetPort","value":9999}]"#,
+            |o| o["spec"]["ports"][0]["targetPort"] == "https",
+        ),
+        ("serviceaccount", "merge", r#"{"automountServiceAccountToken":true}"#, |o| {
+            o["automountServiceAccountToken"] == false
+        }),
+        (
+            "ingress",
+            "json",
+            r#"[{"op":"replace","path":"/spec/rules/0/host","value":"evil.example.com"}]"#,
+            |o| o["spec"]["rules"][0]["host"] == "edge.example.com",
+        ),
+        ("poddisruptionbudget", "merge", r#"{"spec":{"maxUnavailable":2}}"#, |o| {
+            o["spec"]["maxUnavailable"] == 1
+        }),
+        (
+            "deployment",
+            "json",
+            r#"[{"op":"replace","path":"/spec/template/spec/containers/0/image","value":"evil:1"}]"#,
+            |o| o["spec"]["template"]["spec"]["containers"][0]["image"] == "ghcr.io/acme/gateway:1",
+        ),
+    ];
+    for (kind, patch_type, patch, repaired) in edits {
+        rig.kubectl(&["patch", kind, "edge", "--type", patch_type, "-p", patch]);
+        let changed_at = std::time::Instant::now();
+        loop {
+            let live = rig.json(&["get", kind, "edge"]);
+            if repaired(&live) {
+                break;
+            }
+            assert!(
+                changed_at.elapsed() < Duration::from_secs(15),
+                "{kind}: the edit was not repaired within seconds: {live}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    rig.wait_running("edge", 1).await;
 }

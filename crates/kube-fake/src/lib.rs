@@ -9,7 +9,8 @@
 //!                     state (objects, resourceVersion, events, managed fields,
 //!                            finalizers, garbage collection)
 //!                               ▲
-//!              rollout simulator (Deployment status after a delay, or stalled)
+//!              rollout simulator (Deployment status after a delay, or stalled;
+//!              an address on every Ingress, as an ingress controller would)
 //! ```
 //!
 //! In tests: [`KubeFake::start`] on `127.0.0.1:0`, then point a client at
@@ -37,7 +38,7 @@ use axum::http::{HeaderMap, Method, Uri};
 use tokio::net::TcpListener;
 
 pub use server::Fake;
-pub use state::{FaultAction, FaultRule, RequestRecord};
+pub use state::{FaultAction, FaultRule, RequestRecord, INGRESS_ADDRESS};
 
 /// Options of a fake API server.
 #[derive(Debug, Clone)]
@@ -134,6 +135,15 @@ impl KubeFake {
     /// gets 410 Gone.
     pub fn compact(&self) {
         self.fake.lock().compact_all();
+    }
+
+    /// Loses every object of `namespace` without a watch event, as a server
+    /// restored from an old backup (or restarted empty) would: watchers
+    /// keep their caches and learn nothing until they list again.
+    pub fn lose_objects(&self, namespace: &str) {
+        let mut state = self.fake.lock();
+        state.objects.retain(|(_, ns, _), _| ns != namespace);
+        state.pending_rollouts.retain(|(_, ns, _), _| ns != namespace);
     }
 
     /// Sets the delay of simulated rollouts.

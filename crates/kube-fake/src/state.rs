@@ -59,6 +59,10 @@ impl ApiError {
     }
 }
 
+const INGRESSES: &str = "networking.k8s.io/ingresses";
+/// The address the ingress controller stand-in publishes on every Ingress.
+pub const INGRESS_ADDRESS: &str = "192.0.2.10";
+
 /// Identity of a stored object: resource (`group/plural`), namespace, name.
 pub type ObjectKey = (String, String, String);
 
@@ -264,6 +268,14 @@ impl State {
         let _ = self.sender.send(event);
         if key.0 == "apps/deployments" && kind != "DELETED" {
             self.schedule_rollout(key);
+        }
+        if key.0 == INGRESSES
+            && kind != "DELETED"
+            && rendered["status"]["loadBalancer"]["ingress"].is_null()
+        {
+            // The ingress controller stand-in publishes an address.
+            let due = tokio::time::Instant::now() + self.rollout.delay;
+            self.pending_rollouts.entry(key.clone()).or_insert(due);
         }
         rendered
     }
@@ -866,9 +878,24 @@ impl State {
     }
 
     /// The Deployment controller's status write for a finished (or
-    /// stalled) rollout.
+    /// stalled) rollout; for an Ingress, the ingress controller's address.
     pub fn complete_rollout(&mut self, key: &ObjectKey) {
         let Some(old) = self.objects.get(key).cloned() else { return };
+        if key.0 == INGRESSES {
+            let now = now_rfc3339();
+            let mut new = old.clone();
+            new.value["status"] = json!({"loadBalancer": {"ingress": [{"ip": INGRESS_ADDRESS}]}});
+            let writer = Writer {
+                root: Schema::get().kind("networking.k8s.io/v1", "Ingress"),
+                manager: "ingress-controller",
+                subresource: Some("status"),
+                scope: Scope::Status,
+                now: &now,
+            };
+            ssa::record_update(Some(&old.value), &new.value, &mut new.managers, writer);
+            self.replace(key, &old, new);
+            return;
+        }
         let value = &old.value;
         let generation = value["metadata"]["generation"].as_i64().unwrap_or(1);
         let replicas = value["spec"]["replicas"].as_i64().unwrap_or(1);

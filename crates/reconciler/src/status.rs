@@ -47,6 +47,8 @@ pub const STATUS_PATHS: [&str; 10] = [
 pub const STEP_MANIFESTS: &str = "ManifestsApplied";
 pub const STEP_WORKLOAD: &str = "WorkloadAvailable";
 pub const STEP_ROUTE: &str = "RouteAdmitted";
+/// Reason of a route that got no address within its deadline.
+pub const ROUTE_NOT_ADMITTED: &str = "RouteNotAdmitted";
 
 fn condition(kind: &str, status: bool, reason: &str, message: &str, generation: i64) -> Condition {
     Condition {
@@ -118,7 +120,17 @@ pub fn applied(
     };
     let mut provisioning = vec![step(STEP_MANIFESTS, StepState::Complete, ""), workload_step];
     if has_route {
-        provisioning.push(step(STEP_ROUTE, StepState::Complete, &observation.route_address));
+        // Admitted only when an ingress controller published an address.
+        let route = match &observation.workload {
+            _ if !observation.route_address.is_empty() => {
+                step(STEP_ROUTE, StepState::Complete, &observation.route_address)
+            }
+            Workload::Stalled { reason, message } if reason == ROUTE_NOT_ADMITTED => {
+                step(STEP_ROUTE, StepState::Failed, message)
+            }
+            _ => step(STEP_ROUTE, StepState::InProgress, "waiting for a load-balancer address"),
+        };
+        provisioning.push(route);
     }
     GatewayStatus {
         phase: phase as i32,

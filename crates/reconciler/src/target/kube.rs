@@ -128,29 +128,47 @@ fn kind_and_name(manifest: &Value) -> (&str, &str) {
 /// fields others added are ignored, quantities compare by amount, list
 /// items with a `name` are matched by name, other lists item by item.
 pub fn covers(live: &Value, want: &Value) -> bool {
+    difference(live, want).is_none()
+}
+
+/// The path of the first value `want` sets that `live` does not have.
+pub fn difference(live: &Value, want: &Value) -> Option<String> {
     match (live, want) {
-        (Value::Object(live), Value::Object(want)) => want.iter().all(|(k, w)| match live.get(k) {
-            Some(l) => covers(l, w),
-            None => is_empty(w),
-        }),
+        (Value::Object(live), Value::Object(want)) => {
+            want.iter().find_map(|(k, w)| match live.get(k) {
+                Some(l) => difference(l, w).map(|p| format!(".{k}{p}")),
+                None if is_empty(w) => None,
+                None => Some(format!(".{k}")),
+            })
+        }
         (Value::Array(live), Value::Array(want)) => {
             let named = want.iter().all(|w| w.get("name").is_some());
             if named {
-                want.iter()
-                    .all(|w| live.iter().any(|l| l.get("name") == w.get("name") && covers(l, w)))
+                want.iter().find_map(|w| {
+                    let name = w["name"].as_str().unwrap_or("");
+                    match live.iter().find(|l| l.get("name") == w.get("name")) {
+                        Some(l) => difference(l, w).map(|p| format!("[{name}]{p}")),
+                        None => Some(format!("[{name}]")),
+                    }
+                })
+            } else if live.len() != want.len() {
+                Some(format!(" (length {} instead of {})", live.len(), want.len()))
             } else {
-                live.len() == want.len() && live.iter().zip(want).all(|(l, w)| covers(l, w))
+                live.iter()
+                    .zip(want)
+                    .enumerate()
+                    .find_map(|(i, (l, w))| difference(l, w).map(|p| format!("[{i}]{p}")))
             }
         }
         (Value::String(l), Value::String(w)) => {
-            l == w
-                || matches!(
-                    (gantry_core::syntax::quantity_nanos(l), gantry_core::syntax::quantity_nanos(w)),
-                    (Some(a), Some(b)) if a == b
-                )
+            let same_amount = matches!(
+                (gantry_core::syntax::quantity_nanos(l), gantry_core::syntax::quantity_nanos(w)),
+                (Some(a), Some(b)) if a == b
+            );
+            (l != w && !same_amount).then(String::new)
         }
-        (Value::Number(l), Value::Number(w)) => l.as_f64() == w.as_f64(),
-        (l, w) => l == w || (l.is_null() && is_empty(w)),
+        (Value::Number(l), Value::Number(w)) => (l.as_f64() != w.as_f64()).then(String::new),
+        (l, w) => (l != w && !(l.is_null() && is_empty(w))).then(String::new),
     }
 }
 
@@ -526,10 +544,19 @@ impl Target for KubeTarget {
                 match cache.objects.get(&k) {
                     None => drifted = true,
                     Some(live) => {
-                        if live.uid.as_deref() != Some(owner.uid.as_str())
-                            || !covers(&live.object, manifest)
-                        {
-                            tracing::info!(kind, name, "drifted from what was applied");
+                        let changed = if live.uid.as_deref() == Some(owner.uid.as_str()) {
+                            // Listed objects carry no type: compare the rest.
+                            let mut want = manifest.clone();
+                            if let Some(fields) = want.as_object_mut() {
+                                fields.remove("apiVersion");
+                                fields.remove("kind");
+                            }
+                            difference(&live.object, &want)
+                        } else {
+                            Some(format!(".metadata.labels.{LABEL_GATEWAY_UID}"))
+                        };
+                        if let Some(field) = changed {
+                            tracing::info!(kind, name, field, "drifted from what was applied");
                             drifted = true;
                         }
                         if kind == "Deployment" {
@@ -560,7 +587,7 @@ impl Target for KubeTarget {
             let deadline = self.settings.route_deadline;
             workload = if route_waited.is_some_and(|w| w > deadline) {
                 Workload::Stalled {
-                    reason: "RouteNotAdmitted".into(),
+                    reason: crate::status::ROUTE_NOT_ADMITTED.into(),
                     message: format!(
                         "Ingress {name} has no load-balancer address after {deadline:?}; check that an ingress controller serves its class"
                     ),
@@ -600,10 +627,11 @@ impl Target for KubeTarget {
         for (i, (api_version, kind)) in OWNED_KINDS.iter().enumerate() {
             let api = self.api(api_version, kind);
             let (cache, config, tx) = (self.cache.clone(), config.clone(), tx.clone());
-            // Relists of the kinds are spread over the period.
-            let offset = period.mul_f64(i as f64 / OWNED_KINDS.len() as f64);
+            // Relists of the kinds are spread over the period, and each
+            // comes within one period of the last (jitter only shortens).
+            let first = period.mul_f64((i + 1) as f64 / OWNED_KINDS.len() as f64);
             tokio::spawn(async move {
-                let mut next_relist = tokio::time::Instant::now() + period + offset;
+                let mut next_relist = tokio::time::Instant::now() + first;
                 loop {
                     // Backoff between failed (re)connections: without it a
                     // watcher whose API server is gone retries in a tight loop.
@@ -627,7 +655,7 @@ impl Target for KubeTarget {
                         }
                     }
                     tracing::debug!(kind, "relisting owned objects");
-                    let jitter = 0.9 + fastrand::f64() * 0.2;
+                    let jitter = 0.8 + fastrand::f64() * 0.2;
                     next_relist = tokio::time::Instant::now() + period.mul_f64(jitter);
                 }
             });
