@@ -8,6 +8,8 @@
 //! response timing does not reveal how much of a guess was right.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
 use gantry_core::Role;
@@ -124,17 +126,7 @@ impl Authenticator {
             }
             Authenticator::Tokens(tokens) => tokens,
         };
-        let header = metadata.get("authorization").ok_or_else(|| {
-            Status::unauthenticated("missing `authorization: Bearer <token>` metadata")
-        })?;
-        let token = header
-            .to_str()
-            .ok()
-            .and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")))
-            .map(str::trim)
-            .ok_or_else(|| {
-                Status::unauthenticated("authorization metadata must be `Bearer <token>`")
-            })?;
+        let token = bearer(metadata)?;
         // Every entry is compared, whatever matched first.
         let found = tokens.iter().fold(None, |found, entry| {
             if constant_time_eq(&entry.token, token.as_bytes()) {
@@ -154,6 +146,131 @@ impl Authenticator {
         }
         Ok(entry.principal.clone())
     }
+}
+
+/// The authenticator in force, replaced when the tokens file changes (or
+/// on SIGHUP): a token added or removed there takes effect without a
+/// restart, and open watch streams re-check their token on every reload
+/// and when it expires.
+pub struct Auth {
+    current: RwLock<Arc<Authenticator>>,
+    /// The tokens file it was read from, if any.
+    path: Option<PathBuf>,
+    reloads: tokio::sync::watch::Sender<u64>,
+}
+
+impl fmt::Debug for Auth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Auth").field("current", &self.snapshot()).field("path", &self.path).finish()
+    }
+}
+
+impl Auth {
+    pub fn new(authenticator: Authenticator) -> Self {
+        Self::with_path(authenticator, None)
+    }
+
+    /// An authenticator read from `path`, reloadable.
+    pub fn with_path(authenticator: Authenticator, path: Option<PathBuf>) -> Self {
+        Self {
+            current: RwLock::new(Arc::new(authenticator)),
+            path,
+            reloads: tokio::sync::watch::channel(0).0,
+        }
+    }
+
+    fn snapshot(&self) -> Arc<Authenticator> {
+        self.current.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// The tokens file, if the tokens came from one.
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
+    }
+
+    /// See [`Authenticator::authenticate`], with the tokens now in force.
+    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Principal, Status> {
+        self.snapshot().authenticate(metadata)
+    }
+
+    /// When the token in `metadata` expires, if it is known and expires.
+    pub fn expires(&self, metadata: &MetadataMap) -> Option<SystemTime> {
+        match &*self.snapshot() {
+            Authenticator::Tokens(tokens) => {
+                let token = bearer(metadata).ok()?;
+                tokens.iter().find(|e| constant_time_eq(&e.token, token.as_bytes()))?.expires
+            }
+            Authenticator::Unauthenticated => None,
+        }
+    }
+
+    /// Puts `authenticator` in force and tells open streams to re-check.
+    pub fn replace(&self, authenticator: Authenticator) {
+        *self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Arc::new(authenticator);
+        self.reloads.send_modify(|n| *n += 1);
+    }
+
+    /// Changes on every [`Auth::replace`].
+    pub fn reloads(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.reloads.subscribe()
+    }
+}
+
+/// Reloads the tokens file of `auth` when it changes (checked every
+/// second) or on SIGHUP, until `stop`. A file that does not parse is
+/// logged and the tokens in force stay.
+pub async fn reload_on_change(auth: Arc<Auth>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let Some(path) = auth.path().map(Path::to_path_buf) else { return };
+    let stamp = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.modified().ok(), m.len()));
+    let mut seen = stamp(&path);
+    let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        let hangup = async {
+            match hangups.as_mut() {
+                Some(h) => {
+                    h.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let forced = tokio::select! {
+            _ = stop.wait_for(|s| *s) => return,
+            _ = tick.tick() => false,
+            () = hangup => true,
+        };
+        let now = stamp(&path);
+        if !forced && now == seen {
+            continue;
+        }
+        seen = now;
+        let parsed = std::fs::read(&path).map_err(|e| e.to_string()).and_then(|text| {
+            Authenticator::parse_tokens_file(&String::from_utf8_lossy(&text))
+                .map_err(|e| e.to_string())
+        });
+        match parsed {
+            Ok(authenticator) => {
+                tracing::info!(path = %path.display(), tokens = ?authenticator, "tokens file reloaded");
+                auth.replace(authenticator);
+            }
+            Err(e) => {
+                tracing::error!(path = %path.display(), error = %e, "cannot reload the tokens file; the tokens in force stay");
+            }
+        }
+    }
+}
+
+fn bearer(metadata: &MetadataMap) -> Result<&str, Status> {
+    let header = metadata.get("authorization").ok_or_else(|| {
+        Status::unauthenticated("missing `authorization: Bearer <token>` metadata")
+    })?;
+    header
+        .to_str()
+        .ok()
+        .and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")))
+        .map(str::trim)
+        .ok_or_else(|| Status::unauthenticated("authorization metadata must be `Bearer <token>`"))
 }
 
 #[cfg(test)]

@@ -33,7 +33,7 @@ use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
-use crate::auth::Authenticator;
+use crate::auth::{Auth, Authenticator};
 use crate::config::Config;
 use crate::hub::WatchHub;
 use crate::metrics::Metrics;
@@ -78,7 +78,7 @@ pub enum ServeError {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub storage: Arc<dyn Storage>,
-    pub auth: Arc<Authenticator>,
+    pub auth: Arc<Auth>,
     /// PEM certificate chain and key.
     pub tls: Option<(Vec<u8>, Vec<u8>)>,
     pub watch: WatchSettings,
@@ -199,6 +199,7 @@ pub async fn settings_from_config(config: &Config) -> Result<Settings, ServeErro
         streams_per_connection: config.limits.max_streams_per_connection.max(1),
         request_timeout: config.limits.request_timeout,
     };
+    let auth = Auth::with_path(auth, config.auth.tokens_file.clone());
     Ok(Settings { storage, auth: Arc::new(auth), tls, watch, limits })
 }
 
@@ -253,6 +254,7 @@ pub async fn serve(
         bookmark_interval: settings.watch.bookmark_interval,
         stop: stop_rx.clone(),
     };
+    tokio::spawn(auth::reload_on_change(settings.auth.clone(), stop_rx.clone()));
     let api = GatewayApi::new(writer, watch, settings.auth.clone(), metrics.clone());
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();

@@ -19,7 +19,7 @@ use prost_types::Timestamp;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::auth::{Authenticator, Principal};
+use crate::auth::{Auth, Principal};
 use crate::errors::{invalid, rule_status, storage_status};
 use crate::metrics::Metrics;
 use crate::watch::WatchContext;
@@ -38,7 +38,7 @@ pub const PAGE_BYTE_BUDGET: usize = 2 * 1024 * 1024;
 pub struct GatewayApi {
     writer: Writer,
     watch: WatchContext,
-    auth: Arc<Authenticator>,
+    auth: Arc<Auth>,
     metrics: Arc<Metrics>,
 }
 
@@ -46,7 +46,7 @@ impl GatewayApi {
     pub fn new(
         writer: Writer,
         watch: WatchContext,
-        auth: Arc<Authenticator>,
+        auth: Arc<Auth>,
         metrics: Arc<Metrics>,
     ) -> Self {
         Self { writer, watch, auth, metrics }
@@ -292,12 +292,53 @@ impl GatewayService for GatewayApi {
     ) -> Result<Response<Self::WatchGatewaysStream>, Status> {
         let work = async {
             let principal = self.authenticate(&request)?;
+            let metadata = request.metadata().clone();
             let request = request.into_inner();
             tracing::debug!(subject = %principal.subject, from = request.resource_version, "watch started");
-            crate::watch::start(self.watch.clone(), request).await
+            let stream = crate::watch::start(self.watch.clone(), request).await?;
+            Ok(while_authenticated(stream, self.auth.clone(), metadata))
         };
         self.observed("WatchGateways", work).await
     }
+}
+
+/// Ends `stream` with UNAUTHENTICATED once the token that opened it
+/// expires or is removed from the tokens file.
+fn while_authenticated(
+    stream: WatchStream,
+    auth: Arc<Auth>,
+    metadata: tonic::metadata::MetadataMap,
+) -> WatchStream {
+    let reloads = auth.reloads();
+    let state = Some((stream, reloads, auth, metadata));
+    Box::pin(futures_util::stream::unfold(state, |state| async move {
+        let (mut stream, mut reloads, auth, metadata) = state?;
+        loop {
+            let expires = auth
+                .expires(&metadata)
+                .map(|at| at.duration_since(std::time::SystemTime::now()).unwrap_or_default());
+            let expiry = async {
+                match expires {
+                    Some(left) => tokio::time::sleep(left).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                item = tokio_stream::StreamExt::next(&mut stream) => {
+                    return item.map(|item| (item, Some((stream, reloads, auth, metadata))));
+                }
+                _ = reloads.changed() => {}
+                () = expiry => {}
+            }
+            if let Err(status) = auth.authenticate(&metadata) {
+                tracing::info!(
+                    message = status.message(),
+                    "watch ended: its token is no longer valid"
+                );
+                return Some((Err(status), None));
+            }
+        }
+    }))
 }
 
 #[cfg(test)]

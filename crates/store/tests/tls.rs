@@ -10,7 +10,7 @@ use std::sync::Arc;
 use common::{Bearer, EDITOR};
 use gantry_api::v1::gateway_service_client::GatewayServiceClient;
 use gantry_api::v1::ListGatewaysRequest;
-use gantry_store::auth::Authenticator;
+use gantry_store::auth::{Auth, Authenticator};
 use gantry_store::Settings;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig};
 
@@ -24,7 +24,7 @@ async fn tls_serves_clients_that_trust_the_ca_only() {
     let db = common::TestDatabase::create(common::Backend::Sqlite).await.unwrap();
     let settings = Settings {
         storage: gantry_store::open_storage(&db.url).await.unwrap(),
-        auth: Arc::new(Authenticator::parse_tokens_file(common::TOKENS_FILE).unwrap()),
+        auth: Arc::new(Auth::new(Authenticator::parse_tokens_file(common::TOKENS_FILE).unwrap())),
         tls: Some((cert_pem.clone().into_bytes(), key_pem.into_bytes())),
         watch: gantry_store::WatchSettings::default(),
         limits: gantry_store::Limits::default(),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use gantry_api::v1::gateway_service_client::GatewayServiceClient;
 use gantry_api::v1::{CreateGatewayRequest, Gateway, GatewaySpec, ObjectMeta};
-use gantry_store::auth::Authenticator;
+use gantry_store::auth::{Auth, Authenticator};
 use gantry_store::storage::Storage;
 use gantry_store::{Settings, WatchSettings};
 use sqlx::Connection;
@@ -166,7 +166,7 @@ impl TestStore {
         let auth = Authenticator::parse_tokens_file(TOKENS_FILE).unwrap();
         let settings = Settings {
             storage: storage.clone(),
-            auth: Arc::new(auth),
+            auth: Arc::new(Auth::new(auth)),
             tls: None,
             watch,
             limits: Default::default(),

@@ -1,0 +1,205 @@
+//! Tokens change while everything runs: the store reloads its tokens file
+//! and ends watches whose token expired or was removed; the reconciler
+//! reports not-ready while its watch is refused and resumes by itself once
+//! its token file holds a valid token again. Real processes, real sockets.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant, SystemTime};
+
+use gantry_api::v1::{
+    CreateGatewayRequest, Gateway, GatewaySpec, ObjectMeta, Phase, WatchGatewaysRequest,
+};
+use gantry_client::ClientConfig;
+use gantry_e2e::{http_get, temp_dir, ReconcilerProcess, StoreProcess};
+use tokio_stream::StreamExt;
+
+const ADMIN: &str = "admin-token-000000000001";
+const OLD: &str = "reconciler-token-old-0001";
+const NEW: &str = "reconciler-token-new-0002";
+const PATIENCE: Duration = Duration::from_secs(30);
+
+fn tokens(lines: &[String]) -> String {
+    lines.join("\n") + "\n"
+}
+
+/// Replaces a file the way secret mounts do: a new file renamed over it.
+fn replace(path: &std::path::Path, contents: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, contents).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn readyz(port: u16) -> String {
+    http_get(port, "/readyz").unwrap_or_default()
+}
+
+fn wait_http(port: u16, what: &str, done: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let answer = readyz(port);
+        if done(&answer) {
+            return answer;
+        }
+        assert!(Instant::now() < deadline, "{what}: /readyz answers {answer}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    prost_types::Timestamp::from(t).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_watch_ends_unauthenticated_when_its_token_expires_or_is_removed() {
+    let dir = temp_dir("token-expiry");
+    let file = dir.join("tokens.csv");
+    let expiring = "viewer-token-expiring-01";
+    let removed = "viewer-token-removed-002";
+    replace(&file, &tokens(&[format!("{ADMIN},root,admin"), format!("{removed},bob,viewer")]));
+    let database = format!("sqlite://{}", dir.join("gantry.db").display());
+    let store =
+        StoreProcess::start_with(&database, &dir, &["--tokens-file", file.to_str().unwrap()]);
+    let watch = |token: &str| {
+        let config = ClientConfig {
+            endpoint: store.endpoint(),
+            token: Some(token.into()),
+            ..Default::default()
+        };
+        async move {
+            let mut client = config.connect_lazy().unwrap();
+            let request = WatchGatewaysRequest { allow_bookmarks: true, ..Default::default() };
+            client.watch_gateways(request).await.map(tonic::Response::into_inner)
+        }
+    };
+    // A token added to the running store's file, valid for a few seconds.
+    let expires_at = SystemTime::now() + Duration::from_secs(4);
+    let expires = rfc3339(expires_at);
+    replace(
+        &file,
+        &tokens(&[
+            format!("{ADMIN},root,admin"),
+            format!("{expiring},alice,viewer,{expires}"),
+            format!("{removed},bob,viewer"),
+        ]),
+    );
+    let deadline = Instant::now() + PATIENCE;
+    let mut expiring_watch = loop {
+        match watch(expiring).await {
+            Ok(stream) => break stream,
+            Err(status) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the added token was never accepted: {status:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let mut removed_watch = watch(removed).await.unwrap();
+
+    // Bob's token leaves the file: his watch ends at once with UNAUTHENTICATED.
+    replace(
+        &file,
+        &tokens(&[format!("{ADMIN},root,admin"), format!("{expiring},alice,viewer,{expires}")]),
+    );
+    let ended = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match removed_watch.next().await {
+                Some(Ok(_)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the watch of a removed token stayed open");
+    let status = ended.expect("ended without a status").unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+
+    // Alice's token expires: her watch ends when it does, not before.
+    let ended = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match expiring_watch.next().await {
+                Some(Ok(_)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the watch of an expired token stayed open");
+    let status = ended.expect("ended without a status").unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    assert!(status.message().contains("expired"), "{status:?}");
+    assert!(SystemTime::now() >= expires_at, "ended before the token expired");
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconciler_with_a_revoked_token_is_not_ready_and_resumes_with_a_new_one() {
+    let dir = temp_dir("token-rotation");
+    let store_file = dir.join("tokens.csv");
+    let reconciler_file = dir.join("reconciler.token");
+    replace(
+        &store_file,
+        &tokens(&[format!("{ADMIN},root,admin"), format!("{OLD},gateway-reconciler,reconciler")]),
+    );
+    replace(&reconciler_file, OLD);
+    let database = format!("sqlite://{}", dir.join("gantry.db").display());
+    let store =
+        StoreProcess::start_with(&database, &dir, &["--tokens-file", store_file.to_str().unwrap()]);
+    let manifests = dir.join("manifests");
+    let reconciler = ReconcilerProcess::start(
+        &store.endpoint(),
+        &[
+            "--token-file",
+            reconciler_file.to_str().unwrap(),
+            "--target",
+            "directory",
+            "--directory",
+            manifests.to_str().unwrap(),
+            "--poll-interval",
+            "100ms",
+        ],
+    );
+    wait_http(reconciler.http, "ready at start", |a| a.starts_with("HTTP/1.1 200"));
+
+    // The operator revokes the reconciler's token.
+    replace(&store_file, &tokens(&[format!("{ADMIN},root,admin")]));
+    let answer =
+        wait_http(reconciler.http, "not ready once revoked", |a| a.starts_with("HTTP/1.1 503"));
+    assert!(answer.contains("Unauthenticated"), "{answer}");
+
+    // A gateway created meanwhile waits; a new token in both files and the
+    // reconciler resumes by itself, without a restart.
+    let admin = ClientConfig {
+        endpoint: store.endpoint(),
+        token: Some(ADMIN.into()),
+        ..Default::default()
+    };
+    let mut client = admin.connect_lazy().unwrap();
+    let g = Gateway {
+        metadata: Some(ObjectMeta { name: "edge".into(), ..Default::default() }),
+        spec: Some(GatewaySpec { image: "ghcr.io/acme/gateway:1".into(), ..Default::default() }),
+        status: None,
+    };
+    client.create_gateway(CreateGatewayRequest { gateway: Some(g) }).await.unwrap();
+    replace(
+        &store_file,
+        &tokens(&[format!("{ADMIN},root,admin"), format!("{NEW},gateway-reconciler,reconciler")]),
+    );
+    replace(&reconciler_file, NEW);
+    wait_http(reconciler.http, "ready again with the new token", |a| a.starts_with("HTTP/1.1 200"));
+    gantry_e2e::wait_for_gateway(
+        &client,
+        "edge",
+        "RUNNING",
+        PATIENCE,
+        |g| g.status.as_ref().is_some_and(|s| s.phase() == Phase::Running),
+        || reconciler.logs(),
+    )
+    .await;
+    drop(reconciler);
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+}
