@@ -348,13 +348,17 @@ impl ControlPlane {
             self.group = Some(child.id());
             // Stops the plane when the test process exits without dropping
             // it (a shared plane lives in a static, which is never dropped).
+            // It joins the plane's group, so whatever stops the test's own
+            // group leaves it running; the API server may outlive a TERM
+            // once etcd is gone, hence the KILL after a grace period.
             let watchdog = format!(
-                "while kill -0 {} 2>/dev/null; do sleep 1; done; kill -TERM -- -{} 2>/dev/null",
+                "trap '' TERM; while kill -0 {} 2>/dev/null; do sleep 1; done; kill -TERM -- -{group} 2>/dev/null; sleep 5; kill -KILL -- -{group} 2>/dev/null",
                 std::process::id(),
-                child.id()
+                group = child.id()
             );
             let watchdog = Command::new("sh")
                 .args(["-c", &watchdog])
+                .process_group(i32::try_from(child.id()).unwrap_or(0))
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())

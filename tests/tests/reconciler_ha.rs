@@ -16,7 +16,7 @@ use gantry_client::ClientConfig;
 use gantry_e2e::{temp_dir, StoreProcess};
 use gantry_kube_fake::{KubeFake, Options};
 use gantry_reconciler::controller::{Controller, Settings};
-use gantry_reconciler::leader::{self, ElectionSettings};
+use gantry_reconciler::leader::{self, ElectionSettings, Fence};
 use gantry_reconciler::metrics::Metrics;
 use gantry_reconciler::render::Rendered;
 use gantry_reconciler::status::Observation;
@@ -52,6 +52,9 @@ impl Target for Counted {
     async fn delete(&self, gateway: &Owner) -> Result<bool, TargetError> {
         self.inner.delete(gateway).await
     }
+    fn may_write(&self) -> bool {
+        self.inner.may_write()
+    }
     fn watch_owned(&self) -> Option<BoxStream<'static, String>> {
         self.inner.watch_owned()
     }
@@ -67,8 +70,9 @@ struct Replica {
 
 fn start_replica(identity: &str, store: &StoreProcess, kube_client: &kube::Client) -> Replica {
     let applies = Arc::new(AtomicUsize::new(0));
+    let fence = Fence::elected();
     let target = Arc::new(Counted {
-        inner: KubeTarget::new(kube_client.clone(), "default"),
+        inner: KubeTarget::new(kube_client.clone(), "default").with_fence(fence.clone()),
         applies: applies.clone(),
     });
     let client =
@@ -89,6 +93,7 @@ fn start_replica(identity: &str, store: &StoreProcess, kube_client: &kube::Clien
         lease_duration: Duration::from_secs(1),
         renew_deadline: Duration::from_millis(600),
         retry_period: Duration::from_millis(100),
+        fence,
     };
     let api: Api<Lease> = Api::namespaced(kube_client.clone(), "default");
     let tasks = vec![

@@ -110,6 +110,10 @@ pub enum ReconcileError {
     Observe(TargetError),
     #[error("cleanup failed: {0}")]
     Cleanup(TargetError),
+    /// This replica's leadership lapsed during the pass: nothing is
+    /// recorded or written; the next leader takes over.
+    #[error("leadership lapsed: {0}")]
+    NotLeader(TargetError),
 }
 
 impl ReconcileError {
@@ -120,6 +124,7 @@ impl ReconcileError {
             ReconcileError::Store(_) => "store_error",
             ReconcileError::Observe(_) => "observe_error",
             ReconcileError::Cleanup(_) => "cleanup_error",
+            ReconcileError::NotLeader(_) => "not_leader",
         }
     }
 }
@@ -629,6 +634,7 @@ impl Controller {
                 };
                 self.report(gateway, rendered, &observation, "applied").await
             }
+            Err(e) if !self.target.may_write() => Err(ReconcileError::NotLeader(e)),
             Err(e) => {
                 let error = shorten(&e.0, MAX_TEXT_BYTES);
                 let failure = self.settings.policy.on_failure(
@@ -679,6 +685,7 @@ impl Controller {
                 Ok(Action::done("deleted"))
             }
             Ok(Ok(false)) => Ok(Action::after("deleting", self.settings.poll_interval)),
+            Ok(Err(e)) if !self.target.may_write() => Err(ReconcileError::NotLeader(e)),
             Ok(Err(e)) => Err(ReconcileError::Cleanup(e)),
             Err(_) => Err(ReconcileError::Cleanup(TargetError(format!(
                 "no answer within {TARGET_TIMEOUT:?}"

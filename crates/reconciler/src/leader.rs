@@ -12,6 +12,7 @@
 //!   win; the holder releases the lease on shutdown so a successor need not
 //!   wait.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -20,6 +21,37 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, PostParams};
 use tokio::sync::watch;
 use tokio::time::Instant;
+
+/// Whether this process may write to the cluster now: always without an
+/// election; with one, only until the last successful renewal (timed from
+/// when it was sent) plus the renew deadline. Checked before every write,
+/// so a leader frozen mid-pass (SIGSTOP, a long pause) that wakes after
+/// its tenure writes nothing, even before its workers notice.
+#[derive(Debug, Clone, Default)]
+pub struct Fence(Option<Arc<Mutex<Option<Instant>>>>);
+
+impl Fence {
+    /// A fence held by an election: closed until the first renewal.
+    pub fn elected() -> Self {
+        Fence(Some(Arc::default()))
+    }
+
+    pub fn allows(&self) -> bool {
+        match &self.0 {
+            None => true,
+            Some(until) => until
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .is_some_and(|until| Instant::now() < until),
+        }
+    }
+
+    fn hold_until(&self, until: Option<Instant>) {
+        if let Some(m) = &self.0 {
+            *m.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = until;
+        }
+    }
+}
 
 /// Lease settings.
 #[derive(Debug, Clone)]
@@ -33,6 +65,8 @@ pub struct ElectionSettings {
     pub renew_deadline: Duration,
     /// How often the holder renews and a candidate retries.
     pub retry_period: Duration,
+    /// Opened for the renew deadline after each renewal.
+    pub fence: Fence,
 }
 
 fn now() -> MicroTime {
@@ -151,11 +185,13 @@ pub async fn run(
             settings.retry_period
         }
         .max(Duration::from_millis(10));
+        let sent = Instant::now();
         let outcome =
             tokio::time::timeout(budget, try_acquire(&api, &settings, &mut observed)).await;
         let leader = match outcome {
             Ok(Ok(true)) => {
-                last_renewal = Instant::now();
+                last_renewal = sent;
+                settings.fence.hold_until(Some(sent + settings.renew_deadline));
                 true
             }
             Ok(Ok(false)) => false,
@@ -165,6 +201,9 @@ pub async fn run(
             }
             Err(_) => *leading.borrow() && last_renewal.elapsed() < settings.renew_deadline,
         };
+        if !leader {
+            settings.fence.hold_until(None);
+        }
         if leader != *leading.borrow() {
             tracing::info!(identity = %settings.identity, leader, "leadership changed");
             let _ = leading.send(leader);
@@ -182,6 +221,7 @@ pub async fn run(
             () = tokio::time::sleep(wait) => {}
         }
     }
+    settings.fence.hold_until(None);
     if *leading.borrow() {
         let _ = leading.send(false);
         release(&api, &settings).await;

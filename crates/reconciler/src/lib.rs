@@ -87,8 +87,8 @@ pub fn settings(config: &Config) -> Settings {
     }
 }
 
-async fn kube_client(config: &Config) -> Result<kube::Client, RunError> {
-    let kube_config = match &config.kubeconfig {
+async fn kube_client(config: &Config, identity: &str) -> Result<kube::Client, RunError> {
+    let mut kube_config = match &config.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
                 .map_err(|e| RunError::Kubeconfig(e.to_string()))?;
@@ -101,6 +101,11 @@ async fn kube_client(config: &Config) -> Result<kube::Client, RunError> {
         }
         None => kube::Config::infer().await.map_err(|e| RunError::Kubeconfig(e.to_string()))?,
     };
+    // The API server's audit log then tells replicas apart.
+    let agent = format!("gateway-reconciler/{} ({identity})", env!("CARGO_PKG_VERSION"));
+    if let Ok(agent) = agent.parse() {
+        kube_config.headers.push((axum::http::header::USER_AGENT, agent));
+    }
     kube::Client::try_from(kube_config).map_err(|e| RunError::Kubeconfig(e.to_string()))
 }
 
@@ -124,8 +129,11 @@ pub async fn run(
     }
     .connect_lazy()?;
     let store = Arc::new(crate::store::GrpcStore::new(client));
+    let identity = config.identity.clone().unwrap_or_else(default_identity);
+    let fence =
+        if config.leader_elect { leader::Fence::elected() } else { leader::Fence::default() };
     let kube = if config.target == TargetKind::Kube || config.leader_elect {
-        Some(kube_client(&config).await?)
+        Some(kube_client(&config, &identity).await?)
     } else {
         None
     };
@@ -135,7 +143,9 @@ pub async fn run(
                 relist_period: config.sync_period,
                 route_deadline: config.route_deadline,
             };
-            Arc::new(KubeTarget::with_settings(client.clone(), config.namespace.clone(), settings))
+            let target =
+                KubeTarget::with_settings(client.clone(), config.namespace.clone(), settings);
+            Arc::new(target.with_fence(fence.clone()))
         }
         _ => Arc::new(DirectoryTarget::new(config.directory.clone())),
     };
@@ -158,7 +168,6 @@ pub async fn run(
     let (leading_tx, leading) = tokio::sync::watch::channel(!config.leader_elect);
     let election = match (&kube, config.leader_elect) {
         (Some(client), true) => {
-            let identity = config.identity.clone().unwrap_or_else(default_identity);
             let lease_namespace =
                 config.lease_namespace.clone().unwrap_or_else(|| config.namespace.clone());
             let settings = leader::ElectionSettings {
@@ -168,6 +177,7 @@ pub async fn run(
                 lease_duration: config.lease_duration,
                 renew_deadline: config.renew_deadline(),
                 retry_period: config.retry_period(),
+                fence,
             };
             let api = kube::Api::namespaced(client.clone(), &lease_namespace);
             Some(tokio::spawn(leader::run(api, settings, leading_tx, stop_rx.clone())))

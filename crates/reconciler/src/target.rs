@@ -54,6 +54,12 @@ pub trait Target: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
+    /// Whether this process may write now (false once a leader's tenure
+    /// lapsed): a refused write is then not an apply failure.
+    fn may_write(&self) -> bool {
+        true
+    }
+
     /// `kube` or `directory`, for logs and metrics.
     fn name(&self) -> &'static str;
 }

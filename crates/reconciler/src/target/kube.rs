@@ -35,6 +35,7 @@ use kube::Client;
 use serde_json::Value;
 
 use super::{Owner, Target, TargetError};
+use crate::leader::Fence;
 use crate::render::{
     owned_selector, Rendered, FIELD_MANAGER, LABEL_GATEWAY, LABEL_GATEWAY_UID, LABEL_MANAGED_BY,
     MANAGED_BY, OWNED_KINDS,
@@ -67,6 +68,7 @@ pub struct KubeTarget {
     client: Client,
     namespace: String,
     settings: KubeSettings,
+    fence: Fence,
     cache: Arc<Mutex<Cache>>,
 }
 
@@ -327,7 +329,44 @@ impl KubeTarget {
         namespace: impl Into<String>,
         settings: KubeSettings,
     ) -> Self {
-        Self { client, namespace: namespace.into(), settings, cache: Arc::default() }
+        Self {
+            client,
+            namespace: namespace.into(),
+            settings,
+            fence: Fence::default(),
+            cache: Arc::default(),
+        }
+    }
+
+    /// Writes only while `fence` allows (leader election).
+    #[must_use]
+    pub fn with_fence(mut self, fence: Fence) -> Self {
+        self.fence = fence;
+        self
+    }
+
+    /// Runs a write only while the fence allows, checked before every poll
+    /// of the call: a replica frozen mid-pass (SIGSTOP, a long pause) that
+    /// wakes after its tenure drops the call instead of sending it. (A
+    /// request whose bytes were already handed to the connection before
+    /// the freeze can still go out: leader election without fencing
+    /// tokens, as client-go's, cannot rule that out.)
+    async fn fenced<T>(
+        &self,
+        what: &str,
+        write: impl std::future::Future<Output = Result<T, TargetError>>,
+    ) -> Result<T, TargetError> {
+        let mut write = std::pin::pin!(write);
+        std::future::poll_fn(|cx| {
+            if self.fence.allows() {
+                write.as_mut().poll(cx)
+            } else {
+                std::task::Poll::Ready(Err(TargetError(format!(
+                    "{what}: stopped, this replica's leadership has lapsed"
+                ))))
+            }
+        })
+        .await
     }
 
     fn api(&self, api_version: &str, kind: &str) -> Api<DynamicObject> {
@@ -490,7 +529,8 @@ impl Target for KubeTarget {
             let (kind, name) = kind_and_name(manifest);
             let api = self.api(manifest["apiVersion"].as_str().unwrap_or(""), kind);
             self.check_owner(&api, kind, name, owner).await?;
-            let applied = apply_or_recreate(&api, kind, name, manifest).await?;
+            let what = format!("apply {kind} {name}");
+            let applied = self.fenced(&what, apply_or_recreate(&api, kind, name, manifest)).await?;
             let rv = resource_version(applied.metadata.resource_version.as_deref());
             self.cache().applied.insert(key(kind, name), rv);
             rendered_kinds.push(kind.to_string());
@@ -506,7 +546,8 @@ impl Target for KubeTarget {
             let api = self.api(api_version, kind);
             for object in self.owned(&api, owner, kind).await? {
                 let name = object.metadata.name.unwrap_or_default();
-                delete_object(&api, &format!("prune {kind} {name}"), &name).await?;
+                let what = format!("prune {kind} {name}");
+                self.fenced(&what, delete_object(&api, &what, &name)).await?;
                 tracing::info!(gateway = owner.name, kind, name, "pruned");
             }
         }
@@ -614,7 +655,8 @@ impl Target for KubeTarget {
                     continue;
                 }
                 let name = object.metadata.name.unwrap_or_default();
-                delete_object(&api, &format!("delete {kind} {name}"), &name).await?;
+                let what = format!("delete {kind} {name}");
+                self.fenced(&what, delete_object(&api, &what, &name)).await?;
             }
         }
         Ok(gone)
@@ -661,6 +703,10 @@ impl Target for KubeTarget {
             });
         }
         Some(tokio_stream::wrappers::ReceiverStream::new(rx).boxed())
+    }
+
+    fn may_write(&self) -> bool {
+        self.fence.allows()
     }
 
     fn name(&self) -> &'static str {
