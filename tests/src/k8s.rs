@@ -496,13 +496,19 @@ impl ControlPlane {
             .render("base")
             .into_iter()
             .filter(|o| matches!(o["kind"].as_str(), Some("Role" | "RoleBinding")))
-            .filter(|o| o["metadata"]["name"] == "gateway-reconciler")
+            .filter(|o| {
+                o["metadata"]["name"].as_str().is_some_and(|n| n.starts_with("gateway-reconciler"))
+            })
             .map(|mut o| {
                 o["metadata"]["namespace"] = Value::from(name.clone());
                 o
             })
             .collect();
-        assert_eq!(rbac.len(), 2, "deploy/base has the reconciler's Role and RoleBinding");
+        assert_eq!(
+            rbac.len(),
+            4,
+            "deploy/base has the reconciler's Roles and RoleBindings (gateways' objects, Lease)"
+        );
         let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": rbac});
         self.kubectl_stdin(&["apply", "--server-side", "-f", "-"], &list.to_string());
         name

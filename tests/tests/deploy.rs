@@ -118,6 +118,35 @@ fn check_overlay(overlay: &str, objects: &[Value]) {
     }
     let deployments = named(objects, "Deployment");
     assert_eq!(deployments.len(), 2, "{overlay}: the store and the reconciler");
+    // Gateways' objects go to a namespace of their own, where alone the
+    // reconciler may write them; it always runs with leader election.
+    let reconciler = deployments.iter().find(|d| d["metadata"]["name"] == "gateway-reconciler");
+    let reconciler = reconciler.unwrap_or_else(|| panic!("{overlay}: no gateway-reconciler"));
+    let args: Vec<&str> = reconciler["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(args.contains(&"--leader-elect"), "{overlay}: the reconciler elects a leader");
+    let gateways = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--namespace="))
+        .unwrap_or_else(|| panic!("{overlay}: the reconciler names the gateways' namespace"));
+    let own = reconciler["metadata"]["namespace"].as_str().unwrap_or("");
+    assert_ne!(gateways, own, "{overlay}: gateways' objects in the control plane's namespace");
+    for role in named(objects, "Role") {
+        let writes_gateway_kinds =
+            role["rules"].as_array().into_iter().flatten().any(|r| {
+                r["resources"].as_array().into_iter().flatten().any(|x| x == "deployments")
+            });
+        if writes_gateway_kinds {
+            assert_eq!(
+                role["metadata"]["namespace"], gateways,
+                "{overlay}: the reconciler may write gateways' kinds only in their namespace"
+            );
+        }
+    }
     let helps = [
         ("gateway-store", help("gateway-store")),
         ("gateway-reconciler", help("gateway-reconciler")),
@@ -314,6 +343,14 @@ fn every_overlay_is_admitted_by_the_real_api_server_under_the_restricted_standar
     let Some(plane) = ControlPlane::shared() else { return };
     for overlay in OVERLAYS {
         let namespace = format!("deploy-{overlay}");
+        // The control plane's namespace and the gateways' own.
+        let renamed = |old: &str| {
+            if old == "gantry-gateways" {
+                format!("{namespace}-gw")
+            } else {
+                namespace.clone()
+            }
+        };
         let mut objects = plane.render(overlay);
         let mut namespaces = 0;
         for object in &mut objects {
@@ -324,16 +361,20 @@ fn every_overlay_is_admitted_by_the_real_api_server_under_the_restricted_standar
                     "restricted",
                     "{overlay}: the namespace enforces the restricted standard"
                 );
-                object["metadata"]["name"] = Value::from(namespace.clone());
-            } else if object["metadata"]["namespace"].is_string() {
-                object["metadata"]["namespace"] = Value::from(namespace.clone());
+                let name = renamed(object["metadata"]["name"].as_str().unwrap());
+                object["metadata"]["name"] = Value::from(name);
+            } else if let Some(old) = object["metadata"]["namespace"].as_str() {
+                object["metadata"]["namespace"] = Value::from(renamed(old));
             }
             let subjects = object.get_mut("subjects").and_then(Value::as_array_mut);
             for subject in subjects.into_iter().flatten() {
                 subject["namespace"] = Value::from(namespace.clone());
             }
         }
-        assert_eq!(namespaces, 1, "{overlay} creates its namespace");
+        assert_eq!(
+            namespaces, 2,
+            "{overlay} creates the control plane's and the gateways' namespaces"
+        );
         objects.sort_by_key(|o| o["kind"] != "Namespace");
         let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects});
         let out = plane.kubectl_stdin(
@@ -377,5 +418,6 @@ fn every_overlay_is_admitted_by_the_real_api_server_under_the_restricted_standar
             );
         }
         plane.kubectl(&["delete", "namespace", &namespace, "--wait=false"]);
+        plane.kubectl(&["delete", "namespace", &format!("{namespace}-gw"), "--wait=false"]);
     }
 }

@@ -520,13 +520,17 @@ fn used_permissions(events: &[Value]) -> BTreeSet<(String, String, String)> {
 }
 
 fn granted_permissions(plane: &ControlPlane) -> BTreeSet<(String, String, String)> {
-    let role = plane
+    let roles: Vec<Value> = plane
         .render("base")
         .into_iter()
-        .find(|o| o["kind"] == "Role" && o["metadata"]["name"] == "gateway-reconciler")
-        .unwrap();
+        .filter(|o| o["kind"] == "Role")
+        .filter(|o| {
+            o["metadata"]["name"].as_str().is_some_and(|n| n.starts_with("gateway-reconciler"))
+        })
+        .collect();
+    assert_eq!(roles.len(), 2, "the gateways' objects and the Lease");
     let mut granted = BTreeSet::new();
-    for rule in role["rules"].as_array().unwrap() {
+    for rule in roles.iter().flat_map(|r| r["rules"].as_array().unwrap()) {
         for group in rule["apiGroups"].as_array().unwrap() {
             for resource in rule["resources"].as_array().unwrap() {
                 for verb in rule["verbs"].as_array().unwrap() {
