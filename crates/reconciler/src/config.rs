@@ -213,3 +213,34 @@ fn parse_progress_deadline(text: &str) -> Result<Duration, String> {
     }
     Ok(d)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(args: &[&str]) -> Config {
+        let mut all = vec!["gateway-reconciler"];
+        all.extend_from_slice(args);
+        Config::try_parse_from(all).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn durations_that_would_spin_are_refused_naming_the_flag() {
+        assert_eq!(config(&[]).validate(), Ok(()));
+        for (flag, value) in [
+            ("--sync-period", "0s"),
+            ("--poll-interval", "0s"),
+            ("--failed-retry-floor", "0s"),
+            ("--retry-backoff", "0s"),
+            ("--lease-duration", "1s"),
+            ("--renew-deadline", "15s"),
+        ] {
+            let error = config(&[flag, value]).validate().unwrap_err();
+            assert!(error.contains(flag), "{flag} {value}: {error}");
+        }
+        let c = config(&["--lease-duration", "15s"]);
+        assert!(
+            c.renew_deadline() < c.lease_duration && c.retry_period() * 2 <= c.renew_deadline()
+        );
+    }
+}

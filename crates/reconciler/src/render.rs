@@ -368,6 +368,37 @@ mod tests {
     }
 
     #[test]
+    fn a_name_prefix_names_every_object_and_every_reference_but_not_the_labels() {
+        let settings = RenderSettings { name_prefix: "gw-".into(), ..RenderSettings::default() };
+        let r = render(&gateway(full()), &settings);
+        for m in &r.manifests {
+            assert_eq!(m["metadata"]["name"], "gw-edge", "{}", m["kind"]);
+            assert_eq!(m["metadata"]["labels"][LABEL_GATEWAY], "edge");
+        }
+        let deployment = r.manifests.iter().find(|m| m["kind"] == "Deployment").unwrap();
+        let pod = &deployment["spec"]["template"]["spec"];
+        assert_eq!(pod["serviceAccountName"], "gw-edge");
+        assert_eq!(pod["volumes"][0]["configMap"]["name"], "gw-edge");
+        let ingress = r.manifests.iter().find(|m| m["kind"] == "Ingress").unwrap();
+        let backend = &ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"];
+        assert_eq!(backend["name"], "gw-edge");
+    }
+
+    #[test]
+    fn replicas_left_unset_are_not_rendered() {
+        let r = render(&gateway(minimal()), &RenderSettings::default());
+        let deployment = r.manifests.iter().find(|m| m["kind"] == "Deployment").unwrap();
+        assert!(deployment["spec"].get("replicas").is_none(), "{deployment}");
+        let fixed = render(
+            &gateway(GatewaySpec { replicas: Some(1), ..minimal() }),
+            &RenderSettings::default(),
+        );
+        let deployment = fixed.manifests.iter().find(|m| m["kind"] == "Deployment").unwrap();
+        assert_eq!(deployment["spec"]["replicas"], 1);
+        assert_ne!(fixed.fingerprint, r.fingerprint);
+    }
+
+    #[test]
     fn the_fingerprint_follows_every_input() {
         let base = render(&gateway(full()), &RenderSettings::default()).fingerprint;
         assert_eq!(
