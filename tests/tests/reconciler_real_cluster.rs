@@ -181,6 +181,34 @@ impl Rig {
         }
     }
 
+    /// Two reconciler processes, `replica-a` and `replica-b`, electing a
+    /// leader on a Lease of `lease_duration`.
+    fn replicas(&mut self, lease_duration: &str) {
+        for identity in ["replica-a", "replica-b"] {
+            self.reconciler(&[
+                "--leader-elect",
+                "--lease-duration",
+                lease_duration,
+                "--identity",
+                identity,
+            ]);
+        }
+    }
+
+    /// The Lease's holder, when there is a Lease and a holder.
+    fn lease_holder(&self) -> Option<String> {
+        let text = self.kubectl(&[
+            "get",
+            "lease",
+            "gateway-reconciler",
+            "-o",
+            "json",
+            "--ignore-not-found",
+        ]);
+        let lease: Value = serde_json::from_str(&text).ok()?;
+        lease["spec"]["holderIdentity"].as_str().filter(|h| !h.is_empty()).map(str::to_string)
+    }
+
     /// Plays the ingress controller: publishes `hostname` on the Ingress
     /// once the reconciler has created it.
     fn admit(&self, ingress: &str, hostname: &str) {
@@ -468,19 +496,10 @@ async fn the_route_address_is_what_the_ingress_controller_reports() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_reconcilers_elect_one_leader_on_a_real_lease_and_the_other_takes_over() {
     let Some(mut rig) = Rig::start("leader") else { return };
-    let election = ["--leader-elect", "--lease-duration", "4s"];
-    rig.reconciler(&[&election[..], &["--identity", "replica-a"]].concat());
-    rig.reconciler(&[&election[..], &["--identity", "replica-b"]].concat());
-    let holder = |rig: &Rig| {
-        rig.json(&["get", "lease", "gateway-reconciler"])["spec"]["holderIdentity"]
-            .as_str()
-            .unwrap_or("")
-            .to_string()
-    };
+    rig.replicas("4s");
+    let holder = |rig: &Rig| rig.lease_holder().unwrap_or_default();
     let deadline = std::time::Instant::now() + PATIENCE;
-    while !rig.kubectl(&["get", "lease", "-o", "name"]).contains("gateway-reconciler")
-        || holder(&rig).is_empty()
-    {
+    while holder(&rig).is_empty() {
         assert!(std::time::Instant::now() < deadline, "no leader was elected");
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -600,20 +619,7 @@ async fn edits_by_others_are_repaired_and_metadata_only_changes_are_not_drift() 
     let before = generation(&rig);
     rig.kubectl(&["annotate", "deployment", "edge", "example.com/note=hello"]);
     assert_eq!(generation(&rig), before + 1, "the real server bumps the generation");
-    let resynced = |rig: &Rig| -> u64 {
-        let metrics = gantry_e2e::http_get(rig.reconcilers[0].http, "/metrics").unwrap_or_default();
-        metrics
-            .lines()
-            .filter(|l| l.starts_with("gantry_reconciler_reconciles_total{"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum()
-    };
-    let start = resynced(&rig);
-    let deadline = std::time::Instant::now() + PATIENCE;
-    while resynced(&rig) < start + 2 {
-        assert!(std::time::Instant::now() < deadline, "no resync happened");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_passes(&rig, 2);
     assert_eq!(repairs(&rig), 0, "an annotation is not drift");
 
     // Someone else changes the image: repaired.
@@ -945,26 +951,11 @@ fn replica_of(event: &Value) -> Option<&'static str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn across_twenty_forced_leadership_changes_only_the_lease_holder_writes() {
     let Some(mut rig) = Rig::start("failover") else { return };
-    let election = ["--leader-elect", "--lease-duration", "2s"];
-    rig.reconciler(&[&election[..], &["--identity", "replica-a"]].concat());
-    rig.reconciler(&[&election[..], &["--identity", "replica-b"]].concat());
-    let holder = |rig: &Rig| {
-        let text = rig.kubectl(&[
-            "get",
-            "lease",
-            "gateway-reconciler",
-            "-o",
-            "json",
-            "--ignore-not-found",
-        ]);
-        serde_json::from_str::<Value>(&text)
-            .ok()
-            .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_string))
-    };
+    rig.replicas("2s");
     let wait_holder = |rig: &Rig, not: Option<&str>| {
         let deadline = std::time::Instant::now() + PATIENCE;
         loop {
-            if let Some(h) = holder(rig).filter(|h| Some(h.as_str()) != not && !h.is_empty()) {
+            if let Some(h) = rig.lease_holder().filter(|h| Some(h.as_str()) != not) {
                 return h;
             }
             assert!(std::time::Instant::now() < deadline, "no new leader after {not:?}");

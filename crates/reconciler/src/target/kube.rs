@@ -686,10 +686,18 @@ impl Target for KubeTarget {
                         tokio::select! {
                             event = events.next() => {
                                 let Some(event) = event else { break };
+                                // A resourceVersion the server never issued
+                                // (it lost its data, or is another server):
+                                // resuming from it would wait forever, so
+                                // list again now.
+                                let unknown = matches!(&event, Err(e) if e.to_string().contains("Too large resource version"));
                                 for gateway in track(&cache, kind, event) {
                                     if tx.send(gateway).await.is_err() {
                                         return;
                                     }
+                                }
+                                if unknown {
+                                    break;
                                 }
                             }
                             () = tokio::time::sleep_until(next_relist) => break,
