@@ -72,6 +72,9 @@ impl Target for ScriptedTarget {
 trait Fixture {
     fn test(name: &str) -> Self;
     fn image(self, image: &str) -> Self;
+    /// FAILED by an earlier process: the budget spent for `inputs`, the
+    /// next try recorded at `retry_at_ms`, the finalizer in place.
+    fn failed(self, inputs: &Inputs, retry_at_ms: u64) -> Self;
 }
 
 impl Fixture for Gateway {
@@ -88,6 +91,21 @@ impl Fixture for Gateway {
 
     fn image(mut self, image: &str) -> Self {
         self.spec.get_or_insert_with(Default::default).image = image.into();
+        self
+    }
+
+    fn failed(mut self, inputs: &Inputs, retry_at_ms: u64) -> Self {
+        let meta = self.metadata.get_or_insert_with(Default::default);
+        meta.finalizers = vec![FINALIZER.into()];
+        self.status = Some(status::failed(
+            &GatewayStatus::default(),
+            inputs.generation,
+            "boom",
+            BUDGET,
+            true,
+            ms_timestamp(retry_at_ms),
+            inputs.key(),
+        ));
         self
     }
 }
@@ -311,23 +329,7 @@ async fn a_restarted_controller_spreads_a_fleet_of_overdue_failed_gateways() {
             fingerprint: render(&g, &renderer).fingerprint,
             retry_token: String::new(),
         };
-        let failed = Gateway {
-            metadata: Some(ObjectMeta {
-                name: name.clone(),
-                finalizers: vec![FINALIZER.into()],
-                ..Default::default()
-            }),
-            status: Some(status::failed(
-                &GatewayStatus::default(),
-                1,
-                "boom",
-                BUDGET,
-                true,
-                ms_timestamp(now_ms - 3_600_000),
-                inputs.key(),
-            )),
-            ..Default::default()
-        };
+        let failed = Gateway { spec: None, ..g.failed(&inputs, now_ms - 3_600_000) };
         let mut paths = STATUS_PATHS.to_vec();
         paths.push("metadata.finalizers");
         store.update_as(Role::Reconciler, &failed, &paths).expect("recorded failure");
