@@ -46,7 +46,7 @@ impl Fence {
         }
     }
 
-    fn hold_until(&self, until: Option<Instant>) {
+    pub(crate) fn hold_until(&self, until: Option<Instant>) {
         if let Some(m) = &self.0 {
             *m.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = until;
         }
@@ -225,5 +225,24 @@ pub async fn run(
     if *leading.borrow() {
         let _ = leading.send(false);
         release(&api, &settings).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fence_is_open_only_within_the_tenure() {
+        assert!(Fence::default().allows(), "no election: always open");
+        let fence = Fence::elected();
+        assert!(!fence.allows(), "closed until the first renewal");
+        fence.hold_until(Some(Instant::now() + Duration::from_secs(10)));
+        assert!(fence.allows());
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(!fence.allows(), "open past the renew deadline");
+        fence.hold_until(Some(Instant::now() + Duration::from_secs(10)));
+        fence.hold_until(None);
+        assert!(!fence.allows(), "closed on stepping down");
     }
 }

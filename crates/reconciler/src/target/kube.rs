@@ -802,6 +802,27 @@ mod tests {
         assert!(!covers(&removed, &want), "a removed key");
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_write_that_wakes_after_the_tenure_is_dropped() {
+        let client = Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap()))
+            .expect("a client (no connection is made)");
+        let fence = Fence::elected();
+        fence.hold_until(Some(tokio::time::Instant::now() + Duration::from_secs(1)));
+        let target = KubeTarget::new(client, "default").with_fence(fence);
+        let sent = std::sync::atomic::AtomicBool::new(false);
+        // A call suspended for longer than the tenure (a frozen process).
+        let write = async {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            sent.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        };
+        let outcome = target.fenced("apply ConfigMap edge", write).await;
+        assert!(outcome.unwrap_err().0.contains("leadership has lapsed"));
+        assert!(!sent.load(std::sync::atomic::Ordering::SeqCst), "the write went on");
+        let quick = target.fenced("apply ConfigMap edge", async { Ok(()) }).await;
+        assert!(quick.is_err(), "a write started after the tenure");
+    }
+
     #[test]
     fn only_a_refused_immutable_change_recreates() {
         let refusal = |code: u16, message: &str| {
