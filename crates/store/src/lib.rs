@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use gantry_api::v1::gateway_service_server::GatewayServiceServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 use crate::auth::{Auth, Authenticator};
@@ -302,19 +302,27 @@ pub async fn serve(
                 .max_encoding_message_size(MAX_RESPONSE_BYTES),
         );
 
-    let http_server =
-        axum::serve(http, http::router(settings.storage.clone(), metrics, hub.clone()))
-            .with_graceful_shutdown(stopped(stop_rx.clone()));
+    let http_server = axum::serve(
+        axum::serve::ListenerExt::tap_io(http, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        }),
+        http::router(settings.storage.clone(), metrics, hub.clone()),
+    )
+    .with_graceful_shutdown(stopped(stop_rx.clone()));
     tracing::info!(grpc = ?grpc_addr, http = ?http_addr, tls = settings.tls.is_some(), "gateway-store serving");
 
     let reporter = health_reporter.clone();
     let grpc_stop = stop_rx.clone();
-    let grpc_server =
-        router.serve_with_incoming_shutdown(TcpListenerStream::new(grpc), async move {
-            stopped(grpc_stop).await;
-            reporter.set_not_serving::<GatewayServiceServer<GatewayApi>>().await;
-            tracing::info!("shutting down: draining in-flight requests");
-        });
+    // TCP_NODELAY on every accepted connection: a reply of several KB
+    // is written in more than one segment, and Nagle's algorithm would
+    // hold the last one until the client's delayed ACK (about 40 ms).
+    // (`Server::tcp_nodelay` only applies to listeners tonic binds.)
+    let incoming = TcpIncoming::from(grpc).with_nodelay(Some(true));
+    let grpc_server = router.serve_with_incoming_shutdown(incoming, async move {
+        stopped(grpc_stop).await;
+        reporter.set_not_serving::<GatewayServiceServer<GatewayApi>>().await;
+        tracing::info!("shutting down: draining in-flight requests");
+    });
     let (grpc_result, http_result) = tokio::join!(grpc_server, http_server);
     // The service (and with it the last writer handle) is gone: the writer
     // finishes what was queued, then the background tasks stop.
