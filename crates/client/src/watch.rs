@@ -66,13 +66,17 @@ impl Default for WatchOptions {
     }
 }
 
-/// Whether the store said the watched revision is older than its history
-/// (OUT_OF_RANGE with reason REVISION_COMPACTED). Other OUT_OF_RANGE
-/// errors, such as a message over the size limit, are not compaction.
+/// Whether the store said the watched revision is outside its history:
+/// older than what it keeps (OUT_OF_RANGE, reason REVISION_COMPACTED) or
+/// newer than its head (reason REVISION_FUTURE, as after a restore from a
+/// backup). Either way the subscriber relists. Other OUT_OF_RANGE errors are
+/// not.
 pub fn is_compacted(status: &Status) -> bool {
     use tonic_types::StatusExt as _;
     status.code() == Code::OutOfRange
-        && status.get_details_error_info().is_some_and(|info| info.reason == "REVISION_COMPACTED")
+        && status.get_details_error_info().is_some_and(|info| {
+            info.reason == "REVISION_COMPACTED" || info.reason == "REVISION_FUTURE"
+        })
 }
 
 /// Errors that retrying cannot fix: the caller must change something.

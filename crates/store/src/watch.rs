@@ -35,6 +35,10 @@ const CATCH_UP_PAGE: usize = 500;
 /// `google.rpc.ErrorInfo.reason` of OUT_OF_RANGE: relist, then watch from
 /// the listed revision.
 pub const REASON_COMPACTED: &str = "REVISION_COMPACTED";
+/// Reason of OUT_OF_RANGE for a revision the store has not reached (the
+/// client holds a revision of another store, or of this one before a
+/// restore): relist. etcd answers "required revision is a future revision".
+pub const REASON_FUTURE: &str = "REVISION_FUTURE";
 /// Reason of RESOURCE_EXHAUSTED for a subscriber that fell behind: resume.
 pub const REASON_TOO_SLOW: &str = "WATCHER_TOO_SLOW";
 /// Reason of UNAVAILABLE when the store shuts down: resume elsewhere.
@@ -142,6 +146,25 @@ pub async fn start(
     let filter = Filter::from_request(&request)?;
     if request.resource_version < 0 {
         return Err(invalid("resource_version", "must be 0 (from now) or a revision"));
+    }
+    // A revision ahead of this replica's cache may have been committed
+    // through another replica: only the database can say it is ahead.
+    if request.resource_version > ctx.hub.head() {
+        let current = ctx.storage.current_revision().await.map_err(storage_status)?;
+        if request.resource_version > current {
+            return Err(with_reason(
+                Code::OutOfRange,
+                format!(
+                    "resource_version {} is a future revision: the store is at {current}; list again and watch from the listed revision",
+                    request.resource_version
+                ),
+                REASON_FUTURE,
+                &[
+                    ("resource_version", request.resource_version.to_string()),
+                    ("current_revision", current.to_string()),
+                ],
+            ));
+        }
     }
     let (last, initial) = if request.send_initial_events {
         let snapshot = ctx.storage.list("", usize::MAX).await.map_err(storage_status)?;

@@ -317,6 +317,16 @@ async fn selectors_and_names_filter_on_the_server(store: &TestStore) {
     assert_eq!(bad.unwrap_err().code(), Code::InvalidArgument);
     let mut anonymous = store.client("").await;
     assert_eq!(anonymous.watch_gateways(from(0)).await.unwrap_err().code(), Code::Unauthenticated);
+
+    // A revision the store has not reached is refused, not waited for (a
+    // watch that silently skipped every change up to it would lose them).
+    let head = listed_revision(&mut c).await;
+    let future = c.watch_gateways(from(head + 1000)).await.unwrap_err();
+    assert_eq!(future.code(), Code::OutOfRange, "{future:?}");
+    let info = future.get_details_error_info().unwrap();
+    assert_eq!(info.reason, "REVISION_FUTURE");
+    assert!(gantry_client::watch::is_compacted(&future), "the client helper relists");
+    assert!(c.watch_gateways(from(head)).await.is_ok(), "the head itself is accepted");
 }
 
 async fn compacted_revisions_are_out_of_range_and_the_client_relists(store: &TestStore) {
