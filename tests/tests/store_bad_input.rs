@@ -146,7 +146,7 @@ async fn hostile_requests_get_clear_errors_and_store_nothing() {
             "message over the 1 MiB request limit",
             "CreateGateway",
             oversized,
-            Code::OutOfRange,
+            Code::ResourceExhausted,
             "too large",
         ),
         (

@@ -29,6 +29,29 @@ fn bounded(text: &str, max: usize) -> String {
     }
 }
 
+/// Per the gRPC status-code spec a message larger than the server accepts
+/// is RESOURCE_EXHAUSTED; tonic's decoder answers OUT_OF_RANGE, which gantry
+/// uses for revisions outside the history. This rewrites that one answer
+/// (a trailers-only response: the status is in the headers).
+pub fn too_large_is_resource_exhausted(
+    mut response: axum::http::Response<tonic::body::Body>,
+) -> axum::http::Response<tonic::body::Body> {
+    let headers = response.headers_mut();
+    let too_large = headers.get("grpc-status").is_some_and(|v| v == "11")
+        && headers
+            .get("grpc-message")
+            .and_then(|m| m.to_str().ok())
+            // Percent-encoded on the wire (spaces as %20).
+            .is_some_and(|m| m.replace("%20", " ").contains("message length too large"));
+    if too_large {
+        let code = (Code::ResourceExhausted as i32).to_string();
+        if let Ok(value) = axum::http::HeaderValue::from_str(&code) {
+            headers.insert("grpc-status", value);
+        }
+    }
+    response
+}
+
 /// The status for a rule violation.
 pub fn rule_status(err: &RuleError) -> Status {
     let message = bounded(&err.to_string(), MAX_MESSAGE_CHARS);

@@ -255,7 +255,8 @@ pub async fn serve(
         stop: stop_rx.clone(),
     };
     tokio::spawn(auth::reload_on_change(settings.auth.clone(), stop_rx.clone()));
-    let api = GatewayApi::new(writer, watch, settings.auth.clone(), metrics.clone());
+    let api = GatewayApi::new(writer, watch, settings.auth.clone(), metrics.clone())
+        .with_request_timeout(settings.limits.request_timeout);
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<GatewayServiceServer<GatewayApi>>().await;
@@ -282,7 +283,12 @@ pub async fn serve(
         .concurrency_limit_per_connection(limits.calls_per_connection)
         .load_shed(true)
         .max_concurrent_streams(limits.streams_per_connection)
-        .timeout(limits.request_timeout)
+        // The service answers DEADLINE_EXCEEDED at --request-timeout; tonic's
+        // own timeout (which answers CANCELLED) is only a backstop.
+        .timeout(limits.request_timeout + Duration::from_secs(1))
+        .layer(tower::util::MapResponseLayer::new(
+            errors::too_large_is_resource_exhausted as fn(_) -> _,
+        ))
         .tcp_nodelay(true)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)));

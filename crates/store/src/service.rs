@@ -4,7 +4,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
@@ -40,6 +40,8 @@ pub struct GatewayApi {
     watch: WatchContext,
     auth: Arc<Auth>,
     metrics: Arc<Metrics>,
+    /// Longest a call may take to answer (a watch: to start).
+    request_timeout: Duration,
 }
 
 impl GatewayApi {
@@ -49,7 +51,14 @@ impl GatewayApi {
         auth: Arc<Auth>,
         metrics: Arc<Metrics>,
     ) -> Self {
-        Self { writer, watch, auth, metrics }
+        Self { writer, watch, auth, metrics, request_timeout: Duration::from_secs(30) }
+    }
+
+    /// Answers DEADLINE_EXCEEDED when a call takes longer than `timeout`.
+    #[must_use]
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
     }
 
     fn authenticate<T>(&self, request: &Request<T>) -> Result<Principal, Status> {
@@ -62,7 +71,13 @@ impl GatewayApi {
         work: impl std::future::Future<Output = Result<T, Status>>,
     ) -> Result<Response<T>, Status> {
         let started = Instant::now();
-        let result = work.await;
+        let result = match tokio::time::timeout(self.request_timeout, work).await {
+            Ok(result) => result,
+            Err(_) => Err(Status::deadline_exceeded(format!(
+                "{method} did not finish within {:?} (--request-timeout); a write may still commit: read the gateway again before retrying",
+                self.request_timeout
+            ))),
+        };
         let code = result.as_ref().map_or_else(Status::code, |_| tonic::Code::Ok);
         self.metrics.observe(method, started, code);
         if let Err(status) = &result {
