@@ -236,10 +236,13 @@ fn apply_status(
             status::merge_provisioning(&status.provisioning, &incoming.provisioning);
     }
     if covers("route_address") {
+        status::check_text("gateway.status.route_address", &incoming.route_address, 253, true)?;
         status.route_address.clone_from(&incoming.route_address);
     }
     if covers("applied_fingerprint") {
-        status.applied_fingerprint.clone_from(&incoming.applied_fingerprint);
+        let fingerprint = &incoming.applied_fingerprint;
+        status::check_text("gateway.status.applied_fingerprint", fingerprint, 128, true)?;
+        status.applied_fingerprint.clone_from(fingerprint);
     }
     if covers("failure_count") {
         if incoming.failure_count < 0 {
@@ -248,18 +251,22 @@ fn apply_status(
         status.failure_count = incoming.failure_count;
     }
     if covers("next_retry_time") {
+        if let Some(t) = &incoming.next_retry_time {
+            status::check_timestamp("gateway.status.next_retry_time", t)?;
+        }
         status.next_retry_time = incoming.next_retry_time;
     }
     if covers("message") {
-        if incoming.message.len() > status::MAX_TEXT_BYTES {
-            return Err(RuleError::invalid("gateway.status.message", "at most 32768 bytes"));
-        }
+        status::check_text(
+            "gateway.status.message",
+            &incoming.message,
+            status::MAX_TEXT_BYTES,
+            false,
+        )?;
         status.message.clone_from(&incoming.message);
     }
     if covers("failed_inputs") {
-        if incoming.failed_inputs.len() > 128 {
-            return Err(RuleError::invalid("gateway.status.failed_inputs", "at most 128 bytes"));
-        }
+        status::check_text("gateway.status.failed_inputs", &incoming.failed_inputs, 128, true)?;
         status.failed_inputs.clone_from(&incoming.failed_inputs);
     }
     Ok(())

@@ -10,6 +10,51 @@ use crate::RuleError;
 /// store accepts, in bytes.
 pub const MAX_TEXT_BYTES: usize = 32 * 1024;
 
+/// Most conditions, and most provisioning steps, in a status.
+pub const MAX_ENTRIES: usize = 32;
+
+/// Refuses text with control characters other than newlines and tabs
+/// (`single_line`: none at all), which would break logs, terminals and
+/// JSON clients reading the status.
+pub fn check_text(field: &str, text: &str, max: usize, single_line: bool) -> Result<(), RuleError> {
+    if text.len() > max {
+        return Err(RuleError::invalid(field, format!("at most {max} bytes")));
+    }
+    let bad = |c: char| c.is_control() && (single_line || !matches!(c, '\n' | '\t'));
+    if text.chars().any(bad) {
+        return Err(RuleError::invalid(field, "must not contain control characters"));
+    }
+    Ok(())
+}
+
+/// `text` with the control characters [`check_text`] refuses replaced by
+/// U+FFFD, so text from elsewhere (an API server's error) can always be
+/// written to a status.
+pub fn printable(text: &str, single_line: bool) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() && (single_line || !matches!(c, '\n' | '\t')) {
+                '\u{FFFD}'
+            } else {
+                c
+            }
+        })
+        .collect()
+}
+
+/// Refuses a timestamp outside the range of `google.protobuf.Timestamp`
+/// (years 1 to 9999, nanos in `0..1e9`), which JSON clients cannot read.
+pub fn check_timestamp(field: &str, t: &Timestamp) -> Result<(), RuleError> {
+    let seconds_ok = (-62_135_596_800..=253_402_300_799).contains(&t.seconds);
+    if !seconds_ok || !(0..1_000_000_000).contains(&t.nanos) {
+        return Err(RuleError::invalid(
+            field,
+            "must be a valid time (years 1 to 9999, nanos from 0 to 999999999)",
+        ));
+    }
+    Ok(())
+}
+
 /// `text` cut to at most `max` bytes keeping its start and its end (an
 /// error's cause is often at the end), joined by a marker; on character
 /// boundaries.
@@ -104,14 +149,19 @@ pub fn merge_provisioning(
 /// Checks provisioning steps a writer sends: named, a known state, no
 /// duplicates.
 pub fn validate_provisioning(steps: &[ProvisioningStep]) -> Result<(), RuleError> {
+    if steps.len() > MAX_ENTRIES {
+        return Err(RuleError::invalid(
+            "gateway.status.provisioning",
+            format!("at most {MAX_ENTRIES} steps"),
+        ));
+    }
     for (i, step) in steps.iter().enumerate() {
         let field = || format!("gateway.status.provisioning[{i}]");
         if step.name.is_empty() || step.name.len() > 128 {
             return Err(RuleError::invalid(field(), "name is required, at most 128 characters"));
         }
-        if step.message.len() > MAX_TEXT_BYTES {
-            return Err(RuleError::invalid(field(), "message at most 32768 bytes"));
-        }
+        check_text(&format!("{}.message", field()), &step.message, MAX_TEXT_BYTES, false)?;
+        check_text(&format!("{}.name", field()), &step.name, 128, true)?;
         if StepState::try_from(step.state).unwrap_or_default() == StepState::Unspecified {
             return Err(RuleError::invalid(
                 field(),
@@ -149,6 +199,12 @@ pub fn merge_conditions(
 /// Checks conditions a writer sends: a type, a known status, no duplicate
 /// types.
 pub fn validate_conditions(conditions: &[Condition], generation: i64) -> Result<(), RuleError> {
+    if conditions.len() > MAX_ENTRIES {
+        return Err(RuleError::invalid(
+            "gateway.status.conditions",
+            format!("at most {MAX_ENTRIES} conditions"),
+        ));
+    }
     for (i, c) in conditions.iter().enumerate() {
         let field = || format!("gateway.status.conditions[{i}]");
         let type_ok = !c.r#type.is_empty()
@@ -165,6 +221,8 @@ pub fn validate_conditions(conditions: &[Condition], generation: i64) -> Result<
         if ConditionStatus::try_from(c.status).unwrap_or_default() == ConditionStatus::Unspecified {
             return Err(RuleError::invalid(field(), "status must be TRUE, FALSE or UNKNOWN"));
         }
+        check_text(&format!("{}.reason", field()), &c.reason, 1024, true)?;
+        check_text(&format!("{}.message", field()), &c.message, MAX_TEXT_BYTES, false)?;
         if c.reason.len() > 1024 || c.message.len() > MAX_TEXT_BYTES {
             return Err(RuleError::invalid(
                 field(),
@@ -213,6 +271,15 @@ pub fn check_phase(phase: i32, deleting: bool) -> Result<Phase, RuleError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn printable_text_passes_the_check() {
+        let raw = "a\u{0}b\u{1b}[2J\nc\td\r";
+        assert!(check_text("f", raw, 100, false).is_err());
+        assert!(check_text("f", &printable(raw, false), 100, false).is_ok());
+        assert!(check_text("f", &printable(raw, true), 100, true).is_ok());
+        assert_eq!(printable("a\nb", false), "a\nb");
+    }
 
     #[test]
     fn shorten_keeps_start_and_end_within_the_limit() {

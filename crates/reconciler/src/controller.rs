@@ -29,7 +29,7 @@ use gantry_api::v1::{Gateway, GatewayStatus, ObjectMeta, Phase};
 use gantry_client::watch::WatchUpdate;
 use gantry_core::recovery::{Attempts, Decision, Inputs, RecoveryPolicy};
 use gantry_core::retry::Backoff;
-use gantry_core::status::{shorten, MAX_TEXT_BYTES};
+use gantry_core::status::{printable, shorten, MAX_TEXT_BYTES};
 use prost_types::Timestamp;
 use tokio::time::Instant;
 use tonic::Code;
@@ -636,7 +636,8 @@ impl Controller {
             }
             Err(e) if !self.target.may_write() => Err(ReconcileError::NotLeader(e)),
             Err(e) => {
-                let error = shorten(&e.0, MAX_TEXT_BYTES);
+                // Printable first: a replaced control character takes three bytes.
+                let error = shorten(&printable(&e.0, false), MAX_TEXT_BYTES);
                 let failure = self.settings.policy.on_failure(
                     record.as_ref(),
                     inputs,

@@ -5,6 +5,7 @@
 use gantry_api::v1::{
     Condition, ConditionStatus, GatewayStatus, Phase, ProvisioningStep, StepState,
 };
+use gantry_core::status::printable;
 use prost_types::Timestamp;
 
 /// What a target reports about a gateway's workload.
@@ -54,15 +55,15 @@ fn condition(kind: &str, status: bool, reason: &str, message: &str, generation: 
     Condition {
         r#type: kind.into(),
         status: if status { ConditionStatus::True } else { ConditionStatus::False } as i32,
-        reason: reason.into(),
-        message: message.into(),
+        reason: printable(reason, true),
+        message: printable(message, false),
         observed_generation: generation,
         last_transition_time: None,
     }
 }
 
 fn step(name: &str, state: StepState, message: &str) -> ProvisioningStep {
-    ProvisioningStep { name: name.into(), state: state as i32, message: message.into() }
+    ProvisioningStep { name: name.into(), state: state as i32, message: printable(message, false) }
 }
 
 /// Status after the manifests of `generation` were applied and observed.
@@ -137,11 +138,11 @@ pub fn applied(
         observed_generation: generation,
         conditions: vec![ready, reconciling, stalled],
         provisioning,
-        route_address: observation.route_address.clone(),
+        route_address: printable(&observation.route_address, true),
         applied_fingerprint: fingerprint.into(),
         failure_count: 0,
         next_retry_time: None,
-        message,
+        message: printable(&message, false),
         failed_inputs: String::new(),
     }
 }
@@ -198,7 +199,7 @@ pub fn failed(
         applied_fingerprint: current.applied_fingerprint.clone(),
         failure_count,
         next_retry_time: Some(retry_at),
-        message: error.into(),
+        message: printable(error, false),
         failed_inputs,
     }
 }

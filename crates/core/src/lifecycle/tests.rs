@@ -147,6 +147,72 @@ fn status_rules() {
 }
 
 #[test]
+fn status_fields_that_would_break_readers_are_refused_naming_the_field() {
+    use gantry_api::v1::{Condition, ConditionStatus};
+    let g = created();
+    let write = |change: fn(&mut GatewayStatus), path: &str| {
+        let mut status = GatewayStatus::default();
+        change(&mut status);
+        let incoming = Gateway {
+            metadata: Some(ObjectMeta { name: "edge".into(), ..Default::default() }),
+            spec: None,
+            status: Some(status),
+        };
+        update(&g, &incoming, &[format!("status.{path}")], Role::Reconciler, t(3))
+    };
+    let condition = |i: usize| Condition {
+        r#type: format!("Type{i}"),
+        status: ConditionStatus::True as i32,
+        ..Default::default()
+    };
+    type Case = (&'static str, fn(&mut GatewayStatus), &'static str);
+    let refused: Vec<Case> = vec![
+        (
+            "next_retry_time",
+            |s| s.next_retry_time = Some(Timestamp { seconds: 10, nanos: -1 }),
+            "gateway.status.next_retry_time",
+        ),
+        (
+            "next_retry_time",
+            |s| s.next_retry_time = Some(Timestamp { seconds: i64::MAX, nanos: 0 }),
+            "gateway.status.next_retry_time",
+        ),
+        (
+            "route_address",
+            |s| s.route_address = "lb\0.example.com".into(),
+            "gateway.status.route_address",
+        ),
+        (
+            "route_address",
+            |s| s.route_address = "lb.example.com\nFAKE".into(),
+            "gateway.status.route_address",
+        ),
+        ("message", |s| s.message = "boom\u{1b}[2J".into(), "gateway.status.message"),
+        (
+            "applied_fingerprint",
+            |s| s.applied_fingerprint = "x".repeat(200),
+            "gateway.status.applied_fingerprint",
+        ),
+    ];
+    for (path, change, field) in refused {
+        let err = write(change, path).unwrap_err();
+        assert_eq!(err.field(), Some(field), "{path}: {err}");
+    }
+    let many =
+        GatewayStatus { conditions: (0..2_000).map(condition).collect(), ..Default::default() };
+    let incoming = Gateway {
+        metadata: Some(ObjectMeta { name: "edge".into(), ..Default::default() }),
+        spec: None,
+        status: Some(many),
+    };
+    let err =
+        update(&g, &incoming, &["status.conditions".into()], Role::Reconciler, t(3)).unwrap_err();
+    assert_eq!(err.field(), Some("gateway.status.conditions"));
+    // A multi-line error message is fine.
+    assert!(write(|s| s.message = "apply failed:\n\tcause".into(), "message").is_ok());
+}
+
+#[test]
 fn deletion_waits_for_finalizers() {
     let mut g = created();
     g.metadata.as_mut().unwrap().finalizers = vec!["gantry.dev/cleanup".into()];
