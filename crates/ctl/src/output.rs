@@ -116,6 +116,8 @@ pub fn print(
                 }
                 rows.push(row);
             }
+            let rows: Vec<Vec<String>> =
+                rows.into_iter().map(|r| r.iter().map(|c| shown(c)).collect()).collect();
             let columns = rows[0].len();
             let widths: Vec<usize> =
                 (0..columns).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
@@ -142,31 +144,35 @@ pub fn print(
 pub fn describe(g: &Gateway, out: &mut impl Write) -> Result<(), CtlError> {
     let doc = GatewayDoc::from_proto(g);
     let meta = &doc.metadata;
-    writeln!(out, "Name:          {}", meta.name)?;
-    writeln!(out, "UID:           {}", meta.uid)?;
+    writeln!(out, "Name:          {}", shown(&meta.name))?;
+    writeln!(out, "UID:           {}", shown(&meta.uid))?;
     writeln!(out, "Created:       {}", meta.create_time)?;
     if !meta.delete_time.is_empty() {
         writeln!(out, "Deleting since: {}", meta.delete_time)?;
     }
     writeln!(out, "Generation:    {}", meta.generation)?;
-    writeln!(out, "Labels:        {}", kv(&meta.labels))?;
-    writeln!(out, "Annotations:   {}", kv(&meta.annotations))?;
+    writeln!(out, "Labels:        {}", shown(&kv(&meta.labels)))?;
+    writeln!(out, "Annotations:   {}", shown(&kv(&meta.annotations)))?;
     writeln!(
         out,
         "Finalizers:    {}",
-        if meta.finalizers.is_empty() { "<none>".into() } else { meta.finalizers.join(", ") }
+        if meta.finalizers.is_empty() {
+            "<none>".into()
+        } else {
+            shown(&meta.finalizers.join(", "))
+        }
     )?;
     writeln!(out, "Spec:")?;
     let spec = serde_saphyr::to_string(&doc.spec).map_err(|e| CtlError::Message(e.to_string()))?;
     for line in spec.lines() {
-        writeln!(out, "  {line}")?;
+        writeln!(out, "  {}", shown(line))?;
     }
     let status = doc.status.unwrap_or_default();
     writeln!(out, "Status:")?;
     writeln!(out, "  Phase:               {}", status.phase)?;
     writeln!(out, "  Observed generation: {}", status.observed_generation)?;
     if !status.route_address.is_empty() {
-        writeln!(out, "  Route address:       {}", status.route_address)?;
+        writeln!(out, "  Route address:       {}", shown(&status.route_address))?;
     }
     if status.failure_count > 0 {
         writeln!(
@@ -176,18 +182,34 @@ pub fn describe(g: &Gateway, out: &mut impl Write) -> Result<(), CtlError> {
         )?;
     }
     if !status.message.is_empty() {
-        writeln!(out, "  Message:             {}", status.message)?;
+        writeln!(out, "  Message:             {}", shown(&status.message))?;
     }
     writeln!(out, "Conditions:")?;
     writeln!(out, "  {:<12} {:<8} {:<26} MESSAGE", "TYPE", "STATUS", "REASON")?;
     for c in &status.conditions {
-        writeln!(out, "  {:<12} {:<8} {:<26} {}", c.kind, c.status, c.reason, c.message)?;
+        writeln!(
+            out,
+            "  {:<12} {:<8} {:<26} {}",
+            shown(&c.kind),
+            c.status,
+            shown(&c.reason),
+            shown(&c.message)
+        )?;
     }
     writeln!(out, "Provisioning:")?;
     for s in &status.provisioning {
-        writeln!(out, "  {:<20} {:<12} {}", s.name, s.state, s.message)?;
+        writeln!(out, "  {:<20} {:<12} {}", shown(&s.name), s.state, shown(&s.message))?;
     }
     Ok(())
+}
+
+/// Text from the store as it may be shown on a terminal: control
+/// characters (escape sequences that rewrite the screen, line breaks that
+/// forge lines) appear escaped, as `\u{1b}` and `\n`.
+fn shown(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() })
+        .collect()
 }
 
 fn kv(map: &std::collections::BTreeMap<String, String>) -> String {
@@ -230,6 +252,24 @@ mod tests {
         let mut out = Vec::new();
         print(&[gateway()], format, false, &mut out).unwrap();
         String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn text_from_the_store_cannot_forge_the_output() {
+        let mut g = gateway();
+        let evil = "x\u{1b}[2J\nName:          forged".to_string();
+        g.metadata.as_mut().unwrap().annotations.insert("note".into(), evil.clone());
+        g.spec.as_mut().unwrap().config.insert("k".into(), evil.clone());
+        let mut out = Vec::new();
+        describe(&g, &mut out).unwrap();
+        let mut table = Vec::new();
+        g.status.as_mut().unwrap().message = evil;
+        print(&[g], Format::Wide, false, &mut table).unwrap();
+        for text in [out, table] {
+            let text = String::from_utf8(text).unwrap();
+            assert!(!text.contains('\u{1b}'), "{text}");
+            assert!(!text.lines().any(|l| l.starts_with("Name:          forged")), "{text}");
+        }
     }
 
     #[test]
