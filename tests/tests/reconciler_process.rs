@@ -129,7 +129,14 @@ async fn the_directory_target_writes_whole_files_and_cleans_up() {
     let gateway_dir = manifests.join("edge");
     assert_eq!(
         files(&gateway_dir),
-        ["configmap.yaml", "deployment.yaml", "service.yaml", "serviceaccount.yaml"]
+        [
+            ".gantry-gateway",
+            "configmap.yaml",
+            "deployment.yaml",
+            "service.yaml",
+            "serviceaccount.yaml"
+        ],
+        "the manifests and the marker holding the gateway's uid"
     );
     let deployment = std::fs::read_to_string(gateway_dir.join("deployment.yaml")).unwrap();
     assert!(
@@ -151,7 +158,10 @@ async fn the_directory_target_writes_whole_files_and_cleans_up() {
     wait_running(&c, "edge").await;
     let now = files(&gateway_dir);
     assert!(!now.contains(&"ingress.yaml".to_string()), "the Ingress file was pruned");
-    assert!(now.iter().all(|f| f.ends_with(".yaml")), "no temporary files left: {now:?}");
+    assert!(
+        now.iter().all(|f| f.ends_with(".yaml") || f == ".gantry-gateway"),
+        "no temporary files left: {now:?}"
+    );
 
     c.clone()
         .delete_gateway(DeleteGatewayRequest { name: "edge".into(), resource_version: 0 })
