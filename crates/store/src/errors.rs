@@ -122,6 +122,10 @@ pub fn storage_status(err: StorageError) -> Status {
         StorageError::NotCommitted(reason) => Status::unavailable(format!(
             "the write did not commit ({reason}); nothing was written, retry later"
         )),
+        // Not "nothing was written": the commit may have landed.
+        StorageError::CommitUnknown(reason) => Status::unavailable(format!(
+            "the write's outcome is unknown ({reason}): it may have committed; read the gateway again before retrying"
+        )),
         StorageError::Compacted { .. } => Status::out_of_range(err.to_string()),
         StorageError::Migrate(e) => Status::internal(format!("database migration: {e}")),
         StorageError::Corrupt { .. } => {
@@ -139,6 +143,16 @@ pub fn invalid(field: &str, description: impl Into<String>) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nothing_was_written_is_said_only_before_the_commit() {
+        let before = storage_status(StorageError::NotCommitted("lock timeout".into()));
+        assert!(before.message().contains("nothing was written"), "{before:?}");
+        let during = storage_status(StorageError::CommitUnknown("connection reset".into()));
+        assert_eq!(during.code(), Code::Unavailable);
+        assert!(!during.message().contains("nothing was written"), "{during:?}");
+        assert!(during.message().contains("read the gateway again"), "{during:?}");
+    }
     use gantry_core::error::Violations;
 
     #[test]

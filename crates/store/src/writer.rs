@@ -71,8 +71,14 @@ async fn run(mut jobs: mpsc::Receiver<Job>, storage: Arc<dyn Storage>, hub: Arc<
             Err(e) => {
                 tracing::warn!(error = %e, writes = replies.len(), "batch did not commit");
                 let reason = e.to_string();
+                let unknown = matches!(e, StorageError::CommitUnknown(_));
                 for reply in replies {
-                    let _ = reply.send(Err(StorageError::NotCommitted(reason.clone())));
+                    let error = if unknown {
+                        StorageError::CommitUnknown(reason.clone())
+                    } else {
+                        StorageError::NotCommitted(reason.clone())
+                    };
+                    let _ = reply.send(Err(error));
                 }
             }
         }

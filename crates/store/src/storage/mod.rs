@@ -93,6 +93,10 @@ pub enum StorageError {
     /// The batch this write was in did not commit.
     #[error("the transaction did not commit: {0}")]
     NotCommitted(String),
+    /// The commit was sent and failed on the way: it may or may not have
+    /// committed.
+    #[error("the commit's outcome is unknown: {0}")]
+    CommitUnknown(String),
     /// Migrations could not be applied.
     #[error("database migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),

@@ -143,7 +143,8 @@ impl Storage for PostgresStorage {
             .bind(plan.revision.to_string())
             .execute(&mut *tx)
             .await?;
-        tx.commit().await?;
+        // Sent: from here a failure leaves the outcome unknown.
+        tx.commit().await.map_err(|e| StorageError::CommitUnknown(e.to_string()))?;
         Ok(plan.results)
     }
 

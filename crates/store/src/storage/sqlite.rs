@@ -125,7 +125,8 @@ impl Storage for SqliteStorage {
                 .await?;
         }
         sqlx::query(sql::SET_REVISION).bind(plan.revision).execute(&mut *tx).await?;
-        tx.commit().await?;
+        // Sent: from here a failure leaves the outcome unknown.
+        tx.commit().await.map_err(|e| StorageError::CommitUnknown(e.to_string()))?;
         Ok(plan.results)
     }
 
