@@ -128,6 +128,7 @@ pub fn storage_status(err: StorageError) -> Status {
         )),
         StorageError::Compacted { .. } => Status::out_of_range(err.to_string()),
         StorageError::Migrate(e) => Status::internal(format!("database migration: {e}")),
+        StorageError::NotDurable(reason) => Status::internal(reason),
         StorageError::Corrupt { .. } => {
             tracing::error!(error = %err, "corrupt row");
             Status::internal(err.to_string())

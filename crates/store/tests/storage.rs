@@ -152,3 +152,43 @@ async fn postgres_a_row_inserted_behind_the_stores_back_fails_the_batch_cleanly(
     assert!(shared.metadata.is_none(), "the racing row stands");
     store.stop().await;
 }
+
+/// Acknowledged means durable: the store's own connections commit with
+/// SQLite `synchronous=FULL` and PostgreSQL `synchronous_commit=on`, even
+/// when the database defaults to `off`; settings that would lose
+/// acknowledged writes in a crash stop the store at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durability_is_enforced_on_the_stores_own_connections() {
+    use gantry_store::storage::check_durability;
+    let setting = |settings: &[(String, String)], name: &str| {
+        settings.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone()).unwrap_or_default()
+    };
+    let sqlite = TestDatabase::create(Backend::Sqlite).await.unwrap();
+    let storage = gantry_store::open_storage(&sqlite.url).await.unwrap();
+    let settings = storage.durability().await.unwrap();
+    assert!(setting(&settings, "synchronous").parse::<i64>().unwrap() >= 2, "{settings:?}");
+    assert_eq!(setting(&settings, "journal_mode"), "wal");
+
+    if let Some(postgres) = TestDatabase::create(Backend::Postgres).await {
+        use sqlx::Connection;
+        let mut admin = sqlx::PgConnection::connect(&postgres.url).await.unwrap();
+        let (name,): (String,) =
+            sqlx::query_as("SELECT current_database()").fetch_one(&mut admin).await.unwrap();
+        sqlx::query(&format!("ALTER DATABASE {name} SET synchronous_commit = off"))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+        let storage = gantry_store::open_storage(&postgres.url).await.unwrap();
+        let settings = storage.durability().await.unwrap();
+        assert_eq!(setting(&settings, "synchronous_commit"), "on", "{settings:?}");
+        assert_eq!(setting(&settings, "fsync"), "on", "{settings:?}");
+    }
+
+    let refused = |name: &str, value: &str| {
+        check_durability(&[(name.to_string(), value.to_string())]).is_err()
+    };
+    assert!(refused("synchronous", "1") && refused("synchronous", "0"));
+    assert!(refused("fsync", "off") && refused("synchronous_commit", "off"));
+    assert!(!refused("synchronous", "2") && !refused("synchronous", "3"));
+    assert!(!refused("synchronous_commit", "local") && !refused("fsync", "on"));
+}

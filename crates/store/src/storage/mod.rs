@@ -97,6 +97,9 @@ pub enum StorageError {
     /// committed.
     #[error("the commit's outcome is unknown: {0}")]
     CommitUnknown(String),
+    /// The database would not keep acknowledged writes through a crash.
+    #[error("{0}")]
+    NotDurable(String),
     /// Migrations could not be applied.
     #[error("database migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
@@ -145,6 +148,10 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
         let _ = wake;
         std::future::pending().await
     }
+
+    /// The durability settings in force on the store's own connections, as
+    /// `name=value` pairs (checked at open; a test reads them).
+    async fn durability(&self) -> Result<Vec<(String, String)>, StorageError>;
 
     /// Checks that the database answers (readiness).
     async fn ping(&self) -> Result<(), StorageError>;
@@ -343,6 +350,25 @@ pub(crate) fn stored_rows(rows: Vec<(String, Vec<u8>)>) -> HashMap<String, Store
             (name, row)
         })
         .collect()
+}
+
+/// Refuses settings under which an acknowledged write could be lost in a
+/// crash: SQLite `synchronous` below FULL (2), PostgreSQL `fsync` or
+/// `synchronous_commit` off.
+pub fn check_durability(settings: &[(String, String)]) -> Result<(), StorageError> {
+    for (name, value) in settings {
+        let unsafe_value = match name.as_str() {
+            "synchronous" => value.parse::<i64>().map_or(true, |v| v < 2),
+            "fsync" | "synchronous_commit" => value == "off",
+            _ => false,
+        };
+        if unsafe_value {
+            return Err(StorageError::NotDurable(format!(
+                "the database runs with {name}={value}: acknowledged writes could be lost in a crash; gateway-store refuses to start (fix the database's configuration)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The error when a row changed between the batch's read and its write:

@@ -61,15 +61,36 @@ impl PostgresStorage {
         let pool = PgPoolOptions::new()
             .max_connections(16)
             .acquire_timeout(Duration::from_secs(10))
+            // A database or role may default to synchronous_commit=off:
+            // every connection of the store commits durably regardless.
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::query("SET synchronous_commit = on").execute(conn).await?;
+                    Ok(())
+                })
+            })
             .connect(url)
             .await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;
-        Ok(Self { pool })
+        let storage = Self { pool };
+        super::check_durability(&storage.durability().await?)?;
+        Ok(storage)
     }
 }
 
 #[tonic::async_trait]
 impl Storage for PostgresStorage {
+    async fn durability(&self) -> Result<Vec<(String, String)>, StorageError> {
+        let mut conn = self.pool.acquire().await?;
+        let mut out = Vec::new();
+        for name in ["fsync", "synchronous_commit"] {
+            let (value,): (String,) =
+                sqlx::query_as(&format!("SHOW {name}")).fetch_one(&mut *conn).await?;
+            out.push((name.to_string(), value));
+        }
+        Ok(out)
+    }
+
     async fn get(&self, name: &str) -> Result<Option<Gateway>, StorageError> {
         let row: Option<(Vec<u8>,)> =
             sqlx::query_as(sql::SELECT_OBJECT).bind(name).fetch_optional(&self.pool).await?;

@@ -59,12 +59,22 @@ impl SqliteStorage {
             .acquire_timeout(Duration::from_secs(30))
             .connect_with(options)
             .await?;
-        Ok(Self { writer, readers })
+        let storage = Self { writer, readers };
+        super::check_durability(&storage.durability().await?)?;
+        Ok(storage)
     }
 }
 
 #[tonic::async_trait]
 impl Storage for SqliteStorage {
+    async fn durability(&self) -> Result<Vec<(String, String)>, StorageError> {
+        let (synchronous,): (i64,) =
+            sqlx::query_as("PRAGMA synchronous").fetch_one(&self.writer).await?;
+        let (journal,): (String,) =
+            sqlx::query_as("PRAGMA journal_mode").fetch_one(&self.writer).await?;
+        Ok(vec![("synchronous".into(), synchronous.to_string()), ("journal_mode".into(), journal)])
+    }
+
     async fn get(&self, name: &str) -> Result<Option<Gateway>, StorageError> {
         let row: Option<(Vec<u8>,)> =
             sqlx::query_as(sql::SELECT_OBJECT).bind(name).fetch_optional(&self.readers).await?;
