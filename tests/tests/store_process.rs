@@ -84,3 +84,76 @@ fn serves_on_embedded_defaults_and_stops_on_sigterm() {
     assert_eq!(parsed["message"], "gateway-store stopped");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// Refusals are logged with who and where, but a client hammering with a
+/// bad token cannot fill the disk: at most 10 lines a second, the rest
+/// counted on the next line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_are_logged_with_the_peer_and_subject_and_rate_limited() {
+    use gantry_api::v1::{CreateGatewayRequest, Gateway, GetGatewayRequest, ObjectMeta};
+    let dir = temp_dir("refusals");
+    let tokens = dir.join("tokens.csv");
+    std::fs::write(&tokens, "viewer-token-0000000001,alice,viewer\n").unwrap();
+    let database = format!("sqlite://{}", dir.join("gantry.db").display());
+    let store = gantry_e2e::StoreProcess::start_with(
+        &database,
+        &dir,
+        &["--tokens-file", tokens.to_str().unwrap(), "--log-format", "json"],
+    );
+    let client = |token: &str| {
+        gantry_client::ClientConfig {
+            endpoint: store.endpoint(),
+            token: Some(token.into()),
+            ..Default::default()
+        }
+        .connect_lazy()
+        .unwrap()
+    };
+    let mut intruder = client("not-a-token-0000000000000");
+    let started = std::time::Instant::now();
+    for _ in 0..1_000 {
+        let refused = intruder.get_gateway(GetGatewayRequest { name: "edge".into() }).await;
+        assert_eq!(refused.unwrap_err().code(), tonic::Code::Unauthenticated);
+    }
+    let flood = started.elapsed();
+    // A refusal in a later second carries the count of suppressed lines.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let denied = client("viewer-token-0000000001")
+        .create_gateway(CreateGatewayRequest {
+            gateway: Some(Gateway {
+                metadata: Some(ObjectMeta { name: "edge".into(), ..Default::default() }),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let lines = loop {
+        let lines: Vec<serde_json::Value> = store
+            .logs()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|l| l["message"] == "request refused")
+            .collect();
+        if lines.iter().any(|l| l["subject"] == "alice") {
+            break lines;
+        }
+        assert!(std::time::Instant::now() < deadline, "the PERMISSION_DENIED was not logged");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let bound = 10 * (flood.as_secs() as usize + 2) + 1;
+    assert!(lines.len() <= bound, "{} refusal lines for 1,001 refusals in {flood:?}", lines.len());
+    assert!(lines.iter().all(|l| l["peer"].as_str().is_some_and(|p| p.starts_with("127.0.0.1:"))));
+    let alice = lines.iter().find(|l| l["subject"] == "alice").unwrap();
+    assert_eq!(alice["code"], "PermissionDenied");
+    let suppressed: u64 = lines.iter().filter_map(|l| l["suppressed"].as_u64()).sum();
+    assert_eq!(
+        suppressed as usize + lines.len(),
+        1_001,
+        "every refusal is either a line or counted on a later one"
+    );
+    assert!(!store.logs().contains("not-a-token"), "a presented token was logged");
+    drop(store);
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -42,6 +42,47 @@ pub struct GatewayApi {
     metrics: Arc<Metrics>,
     /// Longest a call may take to answer (a watch: to start).
     request_timeout: Duration,
+    refusals: Arc<RateLimit>,
+}
+
+/// Who made a call.
+#[derive(Debug, Clone)]
+struct Caller {
+    peer: Option<std::net::SocketAddr>,
+    subject: Option<String>,
+}
+
+/// At most `per_second` log lines a second; the rest are counted and the
+/// count is reported with the next line let through.
+#[derive(Debug)]
+pub struct RateLimit {
+    per_second: u32,
+    state: std::sync::Mutex<(u64, u32, u64)>,
+}
+
+impl RateLimit {
+    pub fn new(per_second: u32) -> Self {
+        Self { per_second, state: std::sync::Mutex::new((0, 0, 0)) }
+    }
+
+    /// `Some(suppressed since the last line)` when a line may be written.
+    pub fn admit(&self) -> Option<u64> {
+        let second =
+            SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (window, used, suppressed) = &mut *state;
+        if *window != second {
+            *window = second;
+            *used = 0;
+        }
+        if *used < self.per_second {
+            *used += 1;
+            Some(std::mem::take(suppressed))
+        } else {
+            *suppressed += 1;
+            None
+        }
+    }
 }
 
 impl GatewayApi {
@@ -51,7 +92,14 @@ impl GatewayApi {
         auth: Arc<Auth>,
         metrics: Arc<Metrics>,
     ) -> Self {
-        Self { writer, watch, auth, metrics, request_timeout: Duration::from_secs(30) }
+        Self {
+            writer,
+            watch,
+            auth,
+            metrics,
+            request_timeout: Duration::from_secs(30),
+            refusals: Arc::new(RateLimit::new(REFUSALS_LOGGED_PER_SECOND)),
+        }
     }
 
     /// Answers DEADLINE_EXCEEDED when a call takes longer than `timeout`.
@@ -65,9 +113,19 @@ impl GatewayApi {
         self.auth.authenticate(request.metadata())
     }
 
+    /// Who is calling, for the log of refusals: the peer address and the
+    /// subject of a valid token.
+    fn caller<T>(&self, request: &Request<T>) -> Caller {
+        Caller {
+            peer: request.remote_addr(),
+            subject: self.auth.authenticate(request.metadata()).ok().map(|p| p.subject),
+        }
+    }
+
     async fn observed<T>(
         &self,
         method: &str,
+        caller: Caller,
         work: impl std::future::Future<Output = Result<T, Status>>,
     ) -> Result<Response<T>, Status> {
         let started = Instant::now();
@@ -83,11 +141,17 @@ impl GatewayApi {
         if let Err(status) = &result {
             match status.code() {
                 tonic::Code::Internal | tonic::Code::Unavailable => {
-                    tracing::warn!(method, code = ?status.code(), message = status.message(), "request failed");
+                    tracing::warn!(method, code = ?status.code(), error = status.message(), "request failed");
                 }
-                // An audit trail of refusals; messages never hold a token.
+                // An audit trail of refusals, bounded: one client hammering
+                // with a bad token must not fill the disk. Messages never
+                // hold a token.
                 tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
-                    tracing::info!(method, code = ?status.code(), message = status.message(), "request refused");
+                    if let Some(suppressed) = self.refusals.admit() {
+                        let peer = caller.peer.map(|p| p.to_string()).unwrap_or_default();
+                        let subject = caller.subject.as_deref().unwrap_or("");
+                        tracing::info!(method, code = ?status.code(), error = status.message(), peer, subject, suppressed, "request refused");
+                    }
                 }
                 _ => {}
             }
@@ -268,35 +332,40 @@ impl GatewayService for GatewayApi {
         &self,
         request: Request<CreateGatewayRequest>,
     ) -> Result<Response<Gateway>, Status> {
-        self.observed("CreateGateway", self.create(request)).await
+        let caller = self.caller(&request);
+        self.observed("CreateGateway", caller, self.create(request)).await
     }
 
     async fn get_gateway(
         &self,
         request: Request<GetGatewayRequest>,
     ) -> Result<Response<Gateway>, Status> {
-        self.observed("GetGateway", self.get(request)).await
+        let caller = self.caller(&request);
+        self.observed("GetGateway", caller, self.get(request)).await
     }
 
     async fn list_gateways(
         &self,
         request: Request<ListGatewaysRequest>,
     ) -> Result<Response<ListGatewaysResponse>, Status> {
-        self.observed("ListGateways", self.list(request)).await
+        let caller = self.caller(&request);
+        self.observed("ListGateways", caller, self.list(request)).await
     }
 
     async fn update_gateway(
         &self,
         request: Request<UpdateGatewayRequest>,
     ) -> Result<Response<Gateway>, Status> {
-        self.observed("UpdateGateway", self.update(request)).await
+        let caller = self.caller(&request);
+        self.observed("UpdateGateway", caller, self.update(request)).await
     }
 
     async fn delete_gateway(
         &self,
         request: Request<DeleteGatewayRequest>,
     ) -> Result<Response<Gateway>, Status> {
-        self.observed("DeleteGateway", self.delete(request)).await
+        let caller = self.caller(&request);
+        self.observed("DeleteGateway", caller, self.delete(request)).await
     }
 
     type WatchGatewaysStream = WatchStream;
@@ -305,6 +374,7 @@ impl GatewayService for GatewayApi {
         &self,
         request: Request<WatchGatewaysRequest>,
     ) -> Result<Response<Self::WatchGatewaysStream>, Status> {
+        let caller = self.caller(&request);
         let work = async {
             let principal = self.authenticate(&request)?;
             let metadata = request.metadata().clone();
@@ -313,9 +383,12 @@ impl GatewayService for GatewayApi {
             let stream = crate::watch::start(self.watch.clone(), request).await?;
             Ok(while_authenticated(stream, self.auth.clone(), metadata))
         };
-        self.observed("WatchGateways", work).await
+        self.observed("WatchGateways", caller, work).await
     }
 }
+
+/// Refusal log lines written per second at most.
+pub const REFUSALS_LOGGED_PER_SECOND: u32 = 10;
 
 /// Ends `stream` with UNAUTHENTICATED once the token that opened it
 /// expires or is removed from the tokens file.
