@@ -33,15 +33,24 @@ async fn kill_and_restart_loses_nothing(database_url: &str, label: &str) {
     let mut store = StoreProcess::start(database_url, &dir);
     let config = ClientConfig { endpoint: store.endpoint(), ..Default::default() };
 
-    // A subscriber through the client helper, applying updates to a cache.
+    // A subscriber through the client helper, applying updates to a cache
+    // and checking the stream: revisions only go up, and no creation is
+    // delivered twice (the writers only create, under unique names).
     let cache: Arc<Mutex<BTreeSet<String>>> = Arc::default();
+    let broken: Arc<Mutex<Vec<String>>> = Arc::default();
     let subscriber = {
-        let cache = cache.clone();
+        let (cache, broken) = (cache.clone(), broken.clone());
         let mut updates = list_then_watch(config.connect_lazy().unwrap(), WatchOptions::default());
         tokio::spawn(async move {
+            let (mut last, mut delivered) = (0i64, BTreeSet::new());
             while let Some(update) = updates.next().await {
+                let update = update.unwrap();
                 let mut cache = cache.lock().unwrap();
-                match update.unwrap() {
+                let revision = update.revision();
+                if revision < last {
+                    broken.lock().unwrap().push(format!("revision {revision} after {last}"));
+                }
+                match update {
                     WatchUpdate::Reset { gateways, .. } => {
                         *cache = gateways
                             .iter()
@@ -49,13 +58,21 @@ async fn kill_and_restart_loses_nothing(database_url: &str, label: &str) {
                             .collect();
                     }
                     WatchUpdate::Applied { gateway, .. } => {
-                        cache.insert(gateway.metadata.unwrap().name);
+                        let name = gateway.metadata.unwrap().name;
+                        if revision == last || !delivered.insert(name.clone()) {
+                            broken
+                                .lock()
+                                .unwrap()
+                                .push(format!("{name} delivered again at {revision}"));
+                        }
+                        cache.insert(name);
                     }
                     WatchUpdate::Deleted { gateway, .. } => {
                         cache.remove(&gateway.metadata.unwrap().name);
                     }
                     WatchUpdate::Bookmark { .. } => {}
                 }
+                last = revision;
             }
         })
     };
@@ -145,6 +162,8 @@ async fn kill_and_restart_loses_nothing(database_url: &str, label: &str) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(*cache.lock().unwrap(), stored);
+    let broken = broken.lock().unwrap().clone();
+    assert!(broken.is_empty(), "the resumed stream was not exactly once, in order: {broken:?}");
     subscriber.abort();
     eprintln!(
         "{label}: {KILLS} SIGKILLs, {} acknowledged writes, {failures} failed attempts retried",
