@@ -576,4 +576,33 @@ mod postgres_replicas {
         b.stop().await;
         a.stop().await;
     }
+
+    /// With the table polled only once an hour, a replica can learn of
+    /// another's commits only through NOTIFY: a watcher on it gets each
+    /// write within seconds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn replicas_learn_of_each_others_writes_through_notify() {
+        let no_polling =
+            WatchSettings { poll_interval: Duration::from_secs(3600), ..test_watch_settings() };
+        let Some(a) = TestStore::start_with(Backend::Postgres, no_polling.clone()).await else {
+            return;
+        };
+        let b = a.replica_with(no_polling).await;
+        let (mut ca, mut cb) = (a.client(ADMIN).await, b.client(ADMIN).await);
+        let start = listed_revision(&mut cb).await;
+        let mut on_b = watch(&mut cb, from(start)).await;
+        for i in 0..5 {
+            let written = create(&mut ca, gateway(&format!("notified-{i}"), "gw:1")).await;
+            let revision = meta(&written).resource_version;
+            let mut seen = Vec::new();
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                collect_until(&mut on_b, revision, &mut seen),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("write {i} on one replica not seen on the other in 5 s"));
+        }
+        b.stop().await;
+        a.stop().await;
+    }
 }

@@ -154,7 +154,12 @@ impl TestStore {
 
     /// Another store process on the same database (a replica).
     pub async fn replica(&self) -> TestStore {
-        Self::serve_on(self.database.clone(), self.backend, test_watch_settings()).await
+        self.replica_with(test_watch_settings()).await
+    }
+
+    /// As [`TestStore::replica`], with other watch settings.
+    pub async fn replica_with(&self, watch: WatchSettings) -> TestStore {
+        Self::serve_on(self.database.clone(), self.backend, watch).await
     }
 
     async fn serve_on(
