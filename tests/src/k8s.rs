@@ -40,10 +40,6 @@ fn k8s_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("k8s")
 }
 
-fn ci() -> bool {
-    std::env::var_os("CI").is_some_and(|v| v != "false" && !v.is_empty())
-}
-
 /// The directory with the control plane's binaries: `GANTRY_K8S_BIN`, or
 /// where `tests/k8s/setup.sh k8s` builds them for the pinned versions.
 /// `None` (with one `SKIPPED` line) when they are not all there, a panic
@@ -71,14 +67,14 @@ pub fn bin_dir() -> Option<PathBuf> {
             return Some(dir);
         }
         assert!(
-            !ci(),
+            !crate::in_ci(),
             "CI=true but the Kubernetes binaries {missing:?} are not in {}: run tests/k8s/setup.sh",
             dir.display()
         );
-        eprintln!(
-            "SKIPPED: Kubernetes binaries {missing:?} not in {} (build them with tests/k8s/setup.sh k8s)",
+        crate::skipped(&format!(
+            "Kubernetes binaries {missing:?} not in {} (build them with tests/k8s/setup.sh k8s)",
             dir.display()
-        );
+        ));
         None
     })
     .clone()

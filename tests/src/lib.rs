@@ -14,6 +14,21 @@ fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// Whether this is a CI run, where a missing PostgreSQL or missing
+/// Kubernetes binaries fail the tests instead of skipping them: `CI` set to
+/// anything but empty, `false` or `0`. (The store crate's tests, which
+/// cannot use this crate, apply the same rule in their `common` module.)
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
+/// Says that a test skipped, on the real stderr: libtest captures
+/// `eprintln!` of passing tests, so that line would never be seen.
+pub fn skipped(reason: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {reason}");
+}
+
 /// Path of a workspace binary, built once per test process with the same
 /// cargo that runs the tests (cheap when it is already up to date).
 pub fn binary(name: &str) -> PathBuf {
@@ -307,8 +322,8 @@ impl TempPostgres {
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into());
         let mut admin = match sqlx::PgConnection::connect(&admin_url).await {
             Ok(c) => c,
-            Err(e) if std::env::var("CI").is_err() => {
-                eprintln!("SKIPPED: PostgreSQL at {admin_url} unreachable ({e})");
+            Err(e) if !in_ci() => {
+                skipped(&format!("PostgreSQL at {admin_url} unreachable ({e})"));
                 return None;
             }
             Err(e) => panic!("CI=true and PostgreSQL at {admin_url} is unreachable: {e}"),

@@ -41,8 +41,16 @@ pub fn postgres_admin_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
+/// The rule of `gantry_e2e::in_ci`: `CI` set to anything but empty,
+/// `false` or `0`.
 fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
+/// A skip line on the real stderr (libtest captures `eprintln!`).
+fn skipped(reason: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {reason}");
 }
 
 /// A database made for one test and removed after it.
@@ -77,11 +85,11 @@ impl TestDatabase {
                 let mut admin = match connect.await {
                     Ok(Ok(conn)) => conn,
                     Ok(Err(e)) if !in_ci() => {
-                        eprintln!("SKIPPED: PostgreSQL at {admin_url} unreachable ({e}); set GANTRY_TEST_POSTGRES_URL");
+                        skipped(&format!("PostgreSQL at {admin_url} unreachable ({e}); set GANTRY_TEST_POSTGRES_URL"));
                         return None;
                     }
                     Err(_) if !in_ci() => {
-                        eprintln!("SKIPPED: PostgreSQL at {admin_url} did not answer");
+                        skipped(&format!("PostgreSQL at {admin_url} did not answer"));
                         return None;
                     }
                     other => {
