@@ -1,4 +1,5 @@
-//! Every RPC × every role × valid / missing / invalid / expired token,
+//! Every RPC (and every field group of the README's role table) × every
+//! role × valid / missing / invalid / expired token,
 //! against a gateway-store process with a tokens file: the expected code
 //! for each, nothing stored by a refused call, and no token in the logs.
 #![allow(clippy::unwrap_used)]
@@ -32,12 +33,26 @@ enum Rpc {
     List,
     Watch,
     UpdateSpec,
+    UpdateLabels,
+    UpdateAnnotations,
     UpdateStatus,
+    UpdateFinalizers,
     Delete,
 }
 
-const RPCS: [Rpc; 7] =
-    [Rpc::Create, Rpc::Get, Rpc::List, Rpc::Watch, Rpc::UpdateSpec, Rpc::UpdateStatus, Rpc::Delete];
+/// Every call, and every column of the README's role table.
+const RPCS: [Rpc; 10] = [
+    Rpc::Create,
+    Rpc::Get,
+    Rpc::List,
+    Rpc::Watch,
+    Rpc::UpdateSpec,
+    Rpc::UpdateLabels,
+    Rpc::UpdateAnnotations,
+    Rpc::UpdateStatus,
+    Rpc::UpdateFinalizers,
+    Rpc::Delete,
+];
 
 fn valid_token(role: &str) -> String {
     format!("{role}-valid-token-0123456789")
@@ -63,8 +78,12 @@ fn expected(rpc: Rpc, credential: Credential) -> Code {
     let Credential::Valid(role) = credential else { return Code::Unauthenticated };
     let allowed = match rpc {
         Rpc::Get | Rpc::List | Rpc::Watch => true,
-        Rpc::Create | Rpc::Delete | Rpc::UpdateSpec => matches!(role, "editor" | "admin"),
-        Rpc::UpdateStatus => matches!(role, "reconciler" | "admin"),
+        Rpc::Create
+        | Rpc::Delete
+        | Rpc::UpdateSpec
+        | Rpc::UpdateLabels
+        | Rpc::UpdateAnnotations => matches!(role, "editor" | "admin"),
+        Rpc::UpdateStatus | Rpc::UpdateFinalizers => matches!(role, "reconciler" | "admin"),
     };
     if allowed {
         Code::Ok
@@ -127,6 +146,33 @@ async fn call(
                 .await
                 .map(drop),
         ),
+        Rpc::UpdateLabels | Rpc::UpdateAnnotations | Rpc::UpdateFinalizers => {
+            let mut g = gateway(&format!("g{case}"), "gw:1");
+            let meta = g.metadata.as_mut().unwrap();
+            let path = match rpc {
+                Rpc::UpdateLabels => {
+                    meta.labels.insert("team".into(), "edge".into());
+                    "metadata.labels"
+                }
+                Rpc::UpdateAnnotations => {
+                    meta.annotations.insert("example.com/note".into(), "hello".into());
+                    "metadata.annotations"
+                }
+                _ => {
+                    meta.finalizers.push("example.com/cleanup".into());
+                    "metadata.finalizers"
+                }
+            };
+            code(
+                client
+                    .update_gateway(UpdateGatewayRequest {
+                        gateway: Some(g),
+                        update_mask: Some(FieldMask { paths: vec![path.into()] }),
+                    })
+                    .await
+                    .map(drop),
+            )
+        }
         Rpc::UpdateStatus => {
             let mut g = gateway(&format!("g{case}"), "gw:1");
             g.status = Some(GatewayStatus {
@@ -158,7 +204,7 @@ async fn call(
     let rv = |g: &Option<Gateway>| {
         g.as_ref().and_then(|g| g.metadata.as_ref()).map(|m| m.resource_version)
     };
-    let writes = matches!(rpc, Rpc::Create | Rpc::UpdateSpec | Rpc::UpdateStatus | Rpc::Delete);
+    let writes = !matches!(rpc, Rpc::Get | Rpc::List | Rpc::Watch);
     if writes && answered != Code::Ok {
         assert_eq!(
             rv(&before),
