@@ -759,7 +759,49 @@ async fn reflected_services(store: &TestStore, v1alpha: bool) -> Vec<String> {
     }
 }
 
+/// The reconciler's failure record (count, the inputs it counts for, the
+/// next retry time, the message) survives in the stored status, so a
+/// restarted reconciler or a new leader reads it back; a later spec change
+/// does not wipe it (the reconciler decides what new inputs mean).
+async fn the_failure_record_round_trips_through_the_store(store: &TestStore) {
+    let mut editor = store.client(EDITOR).await;
+    let mut reconciler = store.client(RECONCILER).await;
+    create(&mut editor, gateway("edge", "gw:1")).await;
+    let record = GatewayStatus {
+        failure_count: 3,
+        failed_inputs: "f".repeat(64),
+        next_retry_time: Some(prost_types::Timestamp { seconds: 1_800_000_000, nanos: 5 }),
+        message: format!("apply failed: {}", "x".repeat(8 * 1024)),
+        ..Default::default()
+    };
+    let paths = [
+        "status.failure_count",
+        "status.failed_inputs",
+        "status.next_retry_time",
+        "status.message",
+    ];
+    let mut g = gateway("edge", "gw:1");
+    g.spec = None;
+    g.status = Some(record.clone());
+    update(&mut reconciler, g, &paths).await.unwrap();
+    let mut editor_change = gateway("edge", "gw:2");
+    editor_change.metadata.as_mut().unwrap().labels.insert("team".into(), "a".into());
+    update(&mut editor, editor_change, &["spec", "metadata.labels"]).await.unwrap();
+    let stored = get(&mut editor, "edge").await.unwrap().status.unwrap();
+    assert_eq!(
+        (stored.failure_count, stored.failed_inputs, stored.next_retry_time, stored.message),
+        (record.failure_count, record.failed_inputs, record.next_retry_time, record.message)
+    );
+    let mut too_long = gateway("edge", "gw:2");
+    too_long.spec = None;
+    too_long.status = Some(GatewayStatus { failed_inputs: "f".repeat(200), ..Default::default() });
+    let refused = update(&mut reconciler, too_long, &["status.failed_inputs"]).await.unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert_eq!(field_of(&refused).as_deref(), Some("gateway.status.failed_inputs"));
+}
+
 on_both_backends!(
+    the_failure_record_round_trips_through_the_store,
     create_starts_unconverged_and_the_row_holds_zero,
     spec_change_advances_generation_by_one,
     metadata_only_change_keeps_generation,
