@@ -46,6 +46,25 @@ fn wait_http(port: u16, what: &str, done: impl Fn(&str) -> bool) -> String {
     }
 }
 
+/// The status a watch ends with, skipping its events; fails if it stays
+/// open or ends without one.
+async fn ending(
+    watch: &mut tonic::Streaming<gantry_api::v1::WatchEvent>,
+    what: &str,
+) -> tonic::Status {
+    let ended = tokio::time::timeout(PATIENCE, async {
+        loop {
+            match watch.next().await {
+                Some(Ok(_)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what} stayed open"));
+    ended.unwrap_or_else(|| panic!("{what} ended without a status")).unwrap_err()
+}
+
 fn rfc3339(t: SystemTime) -> String {
     prost_types::Timestamp::from(t).to_string()
 }
@@ -103,31 +122,11 @@ async fn an_open_watch_ends_unauthenticated_when_its_token_expires_or_is_removed
         &file,
         &tokens(&[format!("{ADMIN},root,admin"), format!("{expiring},alice,viewer,{expires}")]),
     );
-    let ended = tokio::time::timeout(PATIENCE, async {
-        loop {
-            match removed_watch.next().await {
-                Some(Ok(_)) => continue,
-                other => return other,
-            }
-        }
-    })
-    .await
-    .expect("the watch of a removed token stayed open");
-    let status = ended.expect("ended without a status").unwrap_err();
+    let status = ending(&mut removed_watch, "the watch of a removed token").await;
     assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
 
     // Alice's token expires: her watch ends when it does, not before.
-    let ended = tokio::time::timeout(PATIENCE, async {
-        loop {
-            match expiring_watch.next().await {
-                Some(Ok(_)) => continue,
-                other => return other,
-            }
-        }
-    })
-    .await
-    .expect("the watch of an expired token stayed open");
-    let status = ended.expect("ended without a status").unwrap_err();
+    let status = ending(&mut expiring_watch, "the watch of an expired token").await;
     assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
     assert!(status.message().contains("expired"), "{status:?}");
     assert!(SystemTime::now() >= expires_at, "ended before the token expired");
