@@ -70,7 +70,7 @@ pub async fn run_tailer(
 async fn catch_up(storage: &dyn Storage, hub: &WatchHub) -> bool {
     loop {
         let head = hub.head();
-        match storage.events_after(head, TAIL_PAGE).await {
+        match storage.events_after(head, TAIL_PAGE, crate::watch::WATCH_PAGE_BYTES).await {
             Ok(events) => {
                 let full = events.len() == TAIL_PAGE;
                 hub.publish(events);

@@ -126,7 +126,22 @@ pub fn storage_status(err: StorageError) -> Status {
         StorageError::CommitUnknown(reason) => Status::unavailable(format!(
             "the write's outcome is unknown ({reason}): it may have committed; read the gateway again before retrying"
         )),
-        StorageError::Compacted { .. } => Status::out_of_range(err.to_string()),
+        StorageError::Compacted { requested, compacted } => with_reason(
+            Code::OutOfRange,
+            format!("{err}; list again and watch from the listed revision"),
+            REASON_COMPACTED,
+            &[
+                ("resource_version", requested.to_string()),
+                ("compacted_revision", compacted.to_string()),
+            ],
+        ),
+        StorageError::Future { requested, current } => with_reason(
+            Code::OutOfRange,
+            format!("{err}; list again and watch from the listed revision"),
+            REASON_FUTURE,
+            &[("resource_version", requested.to_string()), ("current_revision", current.to_string())],
+        ),
+        StorageError::Setup(reason) => Status::internal(reason),
         StorageError::Migrate(e) => Status::internal(format!("database migration: {e}")),
         StorageError::NotDurable(reason) => Status::internal(reason),
         StorageError::Corrupt { .. } => {
@@ -134,6 +149,31 @@ pub fn storage_status(err: StorageError) -> Status {
             Status::internal(err.to_string())
         }
     }
+}
+
+/// `google.rpc.ErrorInfo.reason` of OUT_OF_RANGE: the revision asked for
+/// (to watch from, or of a page token) is older than the retained history.
+/// Relist, then watch from the listed revision.
+pub const REASON_COMPACTED: &str = "REVISION_COMPACTED";
+/// Reason of OUT_OF_RANGE for a revision the store has not reached (the
+/// client holds a revision of another store, or of this one before a
+/// restore): relist. etcd answers "required revision is a future revision".
+pub const REASON_FUTURE: &str = "REVISION_FUTURE";
+
+/// A status with `google.rpc.ErrorInfo` of gantry's domain.
+pub fn with_reason(
+    code: Code,
+    message: String,
+    reason: &str,
+    metadata: &[(&str, String)],
+) -> Status {
+    let metadata: HashMap<String, String> =
+        metadata.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+    Status::with_error_details(
+        code,
+        message,
+        ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata),
+    )
 }
 
 /// INVALID_ARGUMENT for one field.

@@ -22,6 +22,7 @@ use tonic::{Request, Response, Status};
 use crate::auth::{Auth, Principal};
 use crate::errors::{invalid, rule_status, storage_status};
 use crate::metrics::Metrics;
+use crate::storage::Page;
 use crate::watch::WatchContext;
 use crate::writer::Writer;
 
@@ -204,10 +205,11 @@ impl GatewayApi {
         };
         let selector = Selector::parse(&request.label_selector)
             .map_err(|e| invalid("label_selector", e.to_string()))?;
+        let key = self.watch.storage.page_token_key();
         let (mut after, mut revision) = match request.page_token.as_str() {
             "" => (String::new(), None),
             token => {
-                let (revision, after) = PageToken::decode(token)?;
+                let (revision, after) = PageToken::decode(key, token, &request.label_selector)?;
                 (after, Some(revision))
             }
         };
@@ -216,9 +218,11 @@ impl GatewayApi {
         let mut bytes = 0;
         let mut more = false;
         'scan: loop {
-            let snapshot = self.watch.storage.list(&after, batch).await.map_err(storage_status)?;
+            let page =
+                Page { after: &after, limit: batch, max_bytes: PAGE_BYTE_BUDGET, at: revision };
+            let snapshot = self.watch.storage.list(page).await.map_err(storage_status)?;
             revision.get_or_insert(snapshot.revision);
-            let exhausted = snapshot.gateways.len() < batch;
+            let exhausted = !snapshot.more;
             for gateway in snapshot.gateways {
                 let labels = gateway.metadata.as_ref().map(|m| &m.labels);
                 if !labels.is_some_and(|l| selector.matches(l)) {
@@ -241,8 +245,11 @@ impl GatewayApi {
             }
         }
         let revision = revision.unwrap_or_default();
-        let next_page_token =
-            if more { PageToken::encode(revision, &after) } else { String::new() };
+        let next_page_token = if more {
+            PageToken::encode(key, revision, &after, &request.label_selector)
+        } else {
+            String::new()
+        };
         Ok(ListGatewaysResponse { gateways, next_page_token, resource_version: revision })
     }
 
@@ -302,23 +309,56 @@ fn now() -> Timestamp {
 }
 
 /// The opaque `page_token` of ListGateways: the listing's revision and the
-/// last name returned (keyset pagination, so every row that exists for the
-/// whole listing is returned exactly once).
+/// last name returned (keyset pagination: every later page is read as of
+/// that revision), authenticated with the store's key together with the
+/// label selector it was issued for, so that a forged, altered or reused
+/// token is refused rather than served.
 struct PageToken;
 
 impl PageToken {
-    fn encode(revision: i64, after: &str) -> String {
-        URL_SAFE_NO_PAD.encode(format!("{revision}:{after}"))
+    fn mac(key: &[u8], revision: i64, after: &str, selector: &str) -> Vec<u8> {
+        use hmac::Mac as _;
+        let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key)
+            .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
+        for part in [
+            b"gantry.dev/page-token/v1".as_slice(),
+            &revision.to_be_bytes(),
+            after.as_bytes(),
+            selector.as_bytes(),
+        ] {
+            mac.update(&(part.len() as u64).to_be_bytes());
+            mac.update(part);
+        }
+        mac.finalize().into_bytes()[..16].to_vec()
     }
 
-    fn decode(token: &str) -> Result<(i64, String), Status> {
+    fn encode(key: &[u8], revision: i64, after: &str, selector: &str) -> String {
+        let body = URL_SAFE_NO_PAD.encode(format!("{revision}:{after}"));
+        let mac = URL_SAFE_NO_PAD.encode(Self::mac(key, revision, after, selector));
+        format!("{body}.{mac}")
+    }
+
+    fn decode(key: &[u8], token: &str, selector: &str) -> Result<(i64, String), Status> {
         let bad = || {
-            invalid("page_token", "not a token returned by ListGateways; start again without one")
+            invalid(
+                "page_token",
+                "not a token this store issued for this label_selector; list again without a page_token",
+            )
         };
-        let bytes = URL_SAFE_NO_PAD.decode(token).map_err(|_| bad())?;
-        let text = String::from_utf8(bytes).map_err(|_| bad())?;
+        let (body, mac) = token.split_once('.').ok_or_else(bad)?;
+        let text = String::from_utf8(URL_SAFE_NO_PAD.decode(body).map_err(|_| bad())?)
+            .map_err(|_| bad())?;
         let (revision, after) = text.split_once(':').ok_or_else(bad)?;
-        let revision = revision.parse().map_err(|_| bad())?;
+        let revision: i64 = revision.parse().map_err(|_| bad())?;
+        let mac = URL_SAFE_NO_PAD.decode(mac).map_err(|_| bad())?;
+        let expected = Self::mac(key, revision, after, selector);
+        // Constant time: the comparison must not tell a forger how much of
+        // a guess was right.
+        let same = mac.len() == expected.len()
+            && mac.iter().zip(&expected).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+        if !same {
+            return Err(bad());
+        }
         Ok((revision, after.to_string()))
     }
 }
@@ -434,11 +474,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn page_tokens_round_trip_and_reject_garbage() {
-        let token = PageToken::encode(42, "edge-7");
-        assert_eq!(PageToken::decode(&token).unwrap(), (42, "edge-7".to_string()));
-        for bad in ["%%%", "bm90LWEtdG9rZW4", ""] {
-            assert_eq!(PageToken::decode(bad).unwrap_err().code(), tonic::Code::InvalidArgument);
+    fn page_tokens_round_trip_and_refuse_forged_altered_and_reused_ones() {
+        let key = b"store key".as_slice();
+        let token = PageToken::encode(key, 42, "edge-7", "env=prod");
+        assert_eq!(PageToken::decode(key, &token, "env=prod").unwrap(), (42, "edge-7".to_string()));
+        let (body, mac) = token.split_once('.').unwrap();
+        let forged_body = URL_SAFE_NO_PAD.encode("999999999:edge-7");
+        let refused = [
+            ("%%%".to_string(), "env=prod"),
+            (body.to_string(), "env=prod"),
+            (format!("{forged_body}.{mac}"), "env=prod"),
+            (format!("{}.{mac}", URL_SAFE_NO_PAD.encode("-5:edge-7")), "env=prod"),
+            (token.clone(), "env=dev"),
+            (token.clone(), ""),
+            (String::new(), "env=prod"),
+        ];
+        for (bad, selector) in refused {
+            let status = PageToken::decode(key, &bad, selector).unwrap_err();
+            assert_eq!(status.code(), tonic::Code::InvalidArgument, "{bad} {selector}");
         }
+        let other_store = PageToken::decode(b"another key", &token, "env=prod").unwrap_err();
+        assert_eq!(other_store.code(), tonic::Code::InvalidArgument);
     }
 }

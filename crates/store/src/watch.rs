@@ -14,7 +14,7 @@
 //! subscriber beyond one page, and a subscriber that stops reading falls
 //! behind the shared broadcast buffer and is ended with RESOURCE_EXHAUSTED.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,23 +22,20 @@ use gantry_api::v1::{EventType, Gateway, WatchEvent, WatchGatewaysRequest};
 use gantry_core::{validation, Selector};
 use tokio::sync::{broadcast, watch};
 use tonic::{Code, Status};
-use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::errors::{invalid, rule_status, storage_status, ERROR_DOMAIN};
+use crate::errors::{invalid, rule_status, storage_status, with_reason};
 use crate::hub::WatchHub;
 use crate::service::WatchStream;
-use crate::storage::{Event, Storage, StorageError};
+use crate::storage::{Event, Page, Storage, StorageError};
 
 /// Events read per query when a watch resumes from the events table.
 const CATCH_UP_PAGE: usize = 500;
+/// Gateways read per query for `send_initial_events`.
+const INITIAL_PAGE: usize = 100;
+/// Encoded bytes a watch reads from the database at a time (at least one
+/// object): what a subscriber holds beyond the shared watch cache.
+pub const WATCH_PAGE_BYTES: usize = 256 * 1024;
 
-/// `google.rpc.ErrorInfo.reason` of OUT_OF_RANGE: relist, then watch from
-/// the listed revision.
-pub const REASON_COMPACTED: &str = "REVISION_COMPACTED";
-/// Reason of OUT_OF_RANGE for a revision the store has not reached (the
-/// client holds a revision of another store, or of this one before a
-/// restore): relist. etcd answers "required revision is a future revision".
-pub const REASON_FUTURE: &str = "REVISION_FUTURE";
 /// Reason of RESOURCE_EXHAUSTED for a subscriber that fell behind: resume.
 pub const REASON_TOO_SLOW: &str = "WATCHER_TOO_SLOW";
 /// Reason of UNAVAILABLE when the store shuts down: resume elsewhere.
@@ -106,12 +103,39 @@ pub struct WatchContext {
     pub stop: watch::Receiver<bool>,
 }
 
+/// The initial objects of a `send_initial_events` watch, read page by page
+/// as of the watch's starting revision while the subscriber reads.
+struct Initial {
+    page: std::vec::IntoIter<Gateway>,
+    /// The last name read; more follow when `more`.
+    after: String,
+    more: bool,
+}
+
+impl Initial {
+    async fn read(
+        storage: &dyn Storage,
+        after: String,
+        at: Option<i64>,
+    ) -> Result<(Self, i64), Status> {
+        let page = Page { after: &after, limit: INITIAL_PAGE, max_bytes: WATCH_PAGE_BYTES, at };
+        let snapshot = storage.list(page).await.map_err(storage_status)?;
+        let after = snapshot
+            .gateways
+            .last()
+            .and_then(|g| g.metadata.as_ref())
+            .map_or(after, |m| m.name.clone());
+        let initial = Initial { page: snapshot.gateways.into_iter(), after, more: snapshot.more };
+        Ok((initial, snapshot.revision))
+    }
+}
+
 struct State {
     ctx: WatchContext,
     filter: Filter,
     /// Every change up to here has been processed for this subscriber.
     last: i64,
-    initial: Option<std::vec::IntoIter<Gateway>>,
+    initial: Option<Initial>,
     pending: VecDeque<Arc<Event>>,
     live: Option<broadcast::Receiver<Arc<Event>>>,
     bookmarks: Option<tokio::time::Interval>,
@@ -128,16 +152,6 @@ fn event_out(kind: EventType, gateway: Option<Gateway>, revision: i64) -> WatchE
     }
 }
 
-fn with_reason(code: Code, message: String, reason: &str, metadata: &[(&str, String)]) -> Status {
-    let metadata: HashMap<String, String> =
-        metadata.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
-    Status::with_error_details(
-        code,
-        message,
-        ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata),
-    )
-}
-
 /// Starts a watch for `request`.
 pub async fn start(
     ctx: WatchContext,
@@ -152,25 +166,15 @@ pub async fn start(
     if request.resource_version > ctx.hub.head() {
         let current = ctx.storage.current_revision().await.map_err(storage_status)?;
         if request.resource_version > current {
-            return Err(with_reason(
-                Code::OutOfRange,
-                format!(
-                    "resource_version {} is a future revision: the store is at {current}; list again and watch from the listed revision",
-                    request.resource_version
-                ),
-                REASON_FUTURE,
-                &[
-                    ("resource_version", request.resource_version.to_string()),
-                    ("current_revision", current.to_string()),
-                ],
-            ));
+            return Err(storage_status(StorageError::Future {
+                requested: request.resource_version,
+                current,
+            }));
         }
     }
     let (last, initial) = if request.send_initial_events {
-        let snapshot = ctx.storage.list("", usize::MAX).await.map_err(storage_status)?;
-        let objects: Vec<Gateway> =
-            snapshot.gateways.into_iter().filter(|g| filter.matches(g)).collect();
-        (snapshot.revision, Some(objects.into_iter()))
+        let (initial, revision) = Initial::read(ctx.storage.as_ref(), String::new(), None).await?;
+        (revision, Some(initial))
     } else if request.resource_version == 0 {
         (ctx.hub.head(), None)
     } else {
@@ -205,9 +209,23 @@ async fn next(s: &mut State) -> Option<Result<WatchEvent, Status>> {
             return None;
         }
         if let Some(initial) = &mut s.initial {
-            if let Some(gateway) = initial.next() {
+            if let Some(gateway) = initial.page.next() {
+                if !s.filter.matches(&gateway) {
+                    continue;
+                }
                 let revision = gateway.metadata.as_ref().map_or(0, |m| m.resource_version);
                 return Some(Ok(event_out(EventType::Added, Some(gateway), revision)));
+            }
+            if initial.more {
+                let after = std::mem::take(&mut initial.after);
+                match Initial::read(s.ctx.storage.as_ref(), after, Some(s.last)).await {
+                    Ok((next, _)) => *initial = next,
+                    Err(status) => {
+                        s.done = true;
+                        return Some(Err(status));
+                    }
+                }
+                continue;
             }
             s.initial = None;
             let mut end = event_out(EventType::Bookmark, None, s.last);
@@ -305,7 +323,7 @@ async fn attach(s: &mut State) -> Result<(), Status> {
         s.live = Some(live);
         return Ok(());
     }
-    match s.ctx.storage.events_after(s.last, CATCH_UP_PAGE).await {
+    match s.ctx.storage.events_after(s.last, CATCH_UP_PAGE, WATCH_PAGE_BYTES).await {
         Ok(events) if events.is_empty() => {
             // The cache has moved past `last` but its events are not
             // readable yet; try again shortly.
@@ -316,14 +334,6 @@ async fn attach(s: &mut State) -> Result<(), Status> {
             s.pending.extend(events);
             Ok(())
         }
-        Err(StorageError::Compacted { requested, compacted }) => Err(with_reason(
-            Code::OutOfRange,
-            format!(
-                "revision {requested} is older than the retained history (compacted up to {compacted}); list again and watch from the listed revision"
-            ),
-            REASON_COMPACTED,
-            &[("resource_version", requested.to_string()), ("compacted_revision", compacted.to_string())],
-        )),
         Err(e) => Err(storage_status(e)),
     }
 }

@@ -496,7 +496,225 @@ async fn shutdown_flushes_and_ends_streams_with_unavailable(store: &TestStore) {
     assert_eq!(status.get_details_error_info().unwrap().reason, "STORE_SHUTTING_DOWN");
 }
 
+/// A gateway of several KB, as real ones with a config map are.
+fn sized_gateway(name: &str, image: &str) -> Gateway {
+    let mut g = gateway(name, image);
+    g.spec.as_mut().unwrap().config.insert("blob".into(), "x".repeat(8 * 1024));
+    g
+}
+
+/// Applies watch events to a listed state (name → resource_version),
+/// checking each against it: ADDED only for an absent name, MODIFIED and
+/// DELETED only for a present one with an older revision.
+fn replay(state: &mut BTreeMap<String, i64>, events: &[Seen]) {
+    for (revision, kind, name, _) in events {
+        let before = state.get(name).copied();
+        match kind {
+            EventType::Added => {
+                assert_eq!(before, None, "ADDED {name}@{revision} already listed or added")
+            }
+            EventType::Modified | EventType::Deleted => {
+                let before = before.unwrap_or_else(|| panic!("{kind:?} {name}@{revision} unknown"));
+                assert!(before < *revision, "{name}@{revision} is not newer than {before}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        if *kind == EventType::Deleted {
+            state.remove(name);
+        } else {
+            state.insert(name.clone(), *revision);
+        }
+    }
+}
+
+/// Everything the store holds now, in one page: name → resource_version.
+async fn final_state(c: &mut Client) -> (BTreeMap<String, i64>, i64) {
+    let page = c
+        .list_gateways(ListGatewaysRequest { page_size: 1000, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(page.next_page_token.is_empty());
+    let state = page.gateways.iter().map(|g| (meta(g).name.clone(), meta(g).resource_version));
+    (state.collect(), page.resource_version)
+}
+
+/// Lists in pages of 7 while 4 writers create, change and delete gateways
+/// of several KB between the pages, and starts an initial-events watch in
+/// the middle: every page answers the first page's revision and holds
+/// nothing newer, each object once; the watch from that revision then
+/// brings the listed state to the final one with every event applicable
+/// exactly once, and so does the initial-events watch from its own start.
+async fn a_paged_list_is_a_snapshot_and_the_watch_from_it_completes_it(store: &TestStore) {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+    const WRITERS: usize = 4;
+    let mut c = store.client(ADMIN).await;
+    for i in 0..60 {
+        create(&mut c, sized_gateway(&format!("gw-{i:02}"), "gw:0")).await;
+    }
+    let (ops, stop) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
+    let mut writers = Vec::new();
+    for w in 0..WRITERS {
+        let mut client = store.client(EDITOR).await;
+        let (ops, stop) = (ops.clone(), stop.clone());
+        writers.push(tokio::spawn(async move {
+            let mut i = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let owned = format!("gw-{:02}", w + WRITERS * (i % 15));
+                let mask = Some(FieldMask { paths: vec!["spec".into()] });
+                let g = sized_gateway(&owned, &format!("gw:{i}"));
+                client
+                    .update_gateway(UpdateGatewayRequest { gateway: Some(g), update_mask: mask })
+                    .await
+                    .unwrap();
+                match i % 3 {
+                    0 => {
+                        create(&mut client, sized_gateway(&format!("new-{w}-{i:04}"), "gw:1"))
+                            .await;
+                    }
+                    1 if i > 6 => {
+                        let name = format!("new-{w}-{:04}", i - 4);
+                        client
+                            .delete_gateway(DeleteGatewayRequest { name, resource_version: 0 })
+                            .await
+                            .unwrap();
+                    }
+                    _ => {}
+                }
+                ops.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let wait_for_writes = |at_least: usize| {
+        let ops = ops.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + PATIENCE;
+            while ops.load(Ordering::Relaxed) < at_least {
+                assert!(tokio::time::Instant::now() < deadline, "writers stalled");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+
+    let (mut listed, mut token, mut revision, mut pages) =
+        (BTreeMap::new(), String::new(), None, 0);
+    let mut initial_watch = None;
+    loop {
+        let page = c
+            .list_gateways(ListGatewaysRequest {
+                page_size: 7,
+                page_token: token,
+                label_selector: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let at = *revision.get_or_insert(page.resource_version);
+        assert_eq!(page.resource_version, at, "page {pages} reports another revision");
+        for g in &page.gateways {
+            let (name, rv) = (meta(g).name.clone(), meta(g).resource_version);
+            assert!(rv <= at, "{name}@{rv} is newer than the listing's revision {at}");
+            assert!(
+                listed.last_key_value().is_none_or(|(last, _)| *last < name),
+                "{name} out of order"
+            );
+            listed.insert(name, rv);
+        }
+        pages += 1;
+        if pages == 3 {
+            let request = WatchGatewaysRequest { send_initial_events: true, ..Default::default() };
+            initial_watch = Some(watch(&mut store.client(VIEWER).await, request).await);
+        }
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+        let done = ops.load(Ordering::Relaxed);
+        wait_for_writes(done + 8).await;
+    }
+    let revision = revision.unwrap();
+    assert!(pages >= 9, "only {pages} pages");
+    let mut from_list = watch(&mut c, from(revision)).await;
+    wait_for_writes(ops.load(Ordering::Relaxed) + 20).await;
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.await.unwrap();
+    }
+    let (expected, head) = final_state(&mut c).await;
+    assert!(head > revision + 100, "writers made only {} changes", head - revision);
+
+    let mut events = Vec::new();
+    collect_until(&mut from_list, head, &mut events).await;
+    assert!(events.iter().all(|e| e.0 > revision), "an event the list already held");
+    assert_strictly_increasing(&events);
+    replay(&mut listed, &events);
+    assert_eq!(listed, expected, "list + watch differ from the final state");
+
+    // The initial-events watch: a snapshot at its own start, then events.
+    let mut stream = initial_watch.unwrap();
+    let mut initial = BTreeMap::new();
+    let started = loop {
+        let e = next_event(&mut stream).await.unwrap();
+        if e.initial_events_end {
+            break e.resource_version;
+        }
+        assert_eq!(e.r#type(), EventType::Added);
+        assert!(initial.insert(seen(&e).2, e.resource_version).is_none(), "an object twice");
+    };
+    assert!(initial.values().all(|rv| *rv <= started), "an initial object newer than its end");
+    let mut events = Vec::new();
+    collect_until(&mut stream, head, &mut events).await;
+    assert!(events.iter().all(|e| e.0 > started));
+    replay(&mut initial, &events);
+    assert_eq!(initial, expected, "initial events + watch differ from the final state");
+}
+
+/// A page token is good only for the listing it came from: another label
+/// selector, or a store on another database, refuses it; one whose
+/// revision has been compacted is OUT_OF_RANGE REVISION_COMPACTED (the
+/// client helper relists), as Kubernetes answers 410 for an expired
+/// `continue`.
+async fn page_tokens_are_bound_to_their_listing_and_expire_with_history(store: &TestStore) {
+    let mut c = store.client(ADMIN).await;
+    for i in 0..6 {
+        create(&mut c, gateway(&format!("gw-{i}"), "gw:0")).await;
+    }
+    let list = |token: &str, selector: &str| ListGatewaysRequest {
+        page_size: 2,
+        page_token: token.into(),
+        label_selector: selector.into(),
+    };
+    let first = c.list_gateways(list("", "")).await.unwrap().into_inner();
+    let token = first.next_page_token;
+    let second = c.list_gateways(list(&token, "")).await.unwrap().into_inner();
+    assert_eq!(second.gateways.len(), 2);
+    let other = c.list_gateways(list(&token, "env=prod")).await.unwrap_err();
+    assert_eq!(other.code(), Code::InvalidArgument, "{other:?}");
+    assert_eq!(other.get_details_bad_request().unwrap().field_violations[0].field, "page_token");
+
+    // Compaction (every 50 ms, keeping 5 events) passes the token's revision.
+    for i in 1..=20 {
+        set_image(&mut c, "gw-5", &format!("gw:{i}")).await;
+    }
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let expired = loop {
+        match c.list_gateways(list(&token, "")).await {
+            Err(status) => break status,
+            Ok(_) => {
+                assert!(tokio::time::Instant::now() < deadline, "compaction never ran");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    assert_eq!(expired.code(), Code::OutOfRange, "{expired:?}");
+    assert_eq!(expired.get_details_error_info().unwrap().reason, "REVISION_COMPACTED");
+    assert!(gantry_client::watch::is_compacted(&expired), "the client helper relists");
+}
+
 on_both_backends!(
+    a_paged_list_is_a_snapshot_and_the_watch_from_it_completes_it,
     every_subscriber_gets_every_change_exactly_once,
     resumed_subscribers_match_an_uninterrupted_one,
     initial_events_end_with_a_bookmark_and_bookmarks_follow,
@@ -543,6 +761,7 @@ on_both_backends!(
     sqlite_small_history, postgres_small_history;
     resume_older_than_the_cache_reads_the_events_table => small_cache(),
     compacted_revisions_are_out_of_range_and_the_client_relists => small_history(),
+    page_tokens_are_bound_to_their_listing_and_expire_with_history => small_history(),
     a_stalled_subscriber_is_ended_and_does_not_slow_others =>
         WatchSettings { cache_events: 32, subscriber_buffer: 16, ..test_watch_settings() },
 );
@@ -581,6 +800,40 @@ mod postgres_replicas {
             m
         });
         assert_eq!(names.len(), 100);
+        b.stop().await;
+        a.stop().await;
+    }
+
+    /// Replicas share the page token key: a listing started on one
+    /// continues on the other; a store on another database refuses it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_listing_continues_on_another_replica() {
+        let Some(a) = TestStore::start(Backend::Postgres).await else { return };
+        let b = a.replica().await;
+        let (mut ca, mut cb) = (a.client(ADMIN).await, b.client(ADMIN).await);
+        for i in 0..5 {
+            create(&mut ca, gateway(&format!("gw-{i}"), "gw:0")).await;
+        }
+        let request = |token: String| ListGatewaysRequest {
+            page_size: 3,
+            page_token: token,
+            ..Default::default()
+        };
+        let first = ca.list_gateways(request(String::new())).await.unwrap().into_inner();
+        let second =
+            cb.list_gateways(request(first.next_page_token.clone())).await.unwrap().into_inner();
+        let names: Vec<String> =
+            first.gateways.iter().chain(&second.gateways).map(|g| meta(g).name.clone()).collect();
+        assert_eq!(names, ["gw-0", "gw-1", "gw-2", "gw-3", "gw-4"]);
+        let elsewhere = TestStore::start(Backend::Sqlite).await.unwrap();
+        let refused = elsewhere
+            .client(ADMIN)
+            .await
+            .list_gateways(request(first.next_page_token))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument);
+        elsewhere.stop().await;
         b.stop().await;
         a.stop().await;
     }

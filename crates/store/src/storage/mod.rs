@@ -71,6 +71,19 @@ pub struct Committed {
 pub struct Snapshot {
     pub gateways: Vec<Gateway>,
     pub revision: i64,
+    /// More gateways follow the last one of this page.
+    pub more: bool,
+}
+
+/// Which page of a listing to read: names after `after`, at most `limit`
+/// gateways and, past the first, at most `max_bytes` of encoded objects;
+/// as of revision `at` (`None`: the current revision).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Page<'a> {
+    pub after: &'a str,
+    pub limit: usize,
+    pub max_bytes: usize,
+    pub at: Option<i64>,
 }
 
 /// How much event history to keep: events beyond the newest `max_events`,
@@ -97,6 +110,9 @@ pub enum StorageError {
     /// committed.
     #[error("the commit's outcome is unknown: {0}")]
     CommitUnknown(String),
+    /// The store could not set itself up (e.g. no source of randomness).
+    #[error("{0}")]
+    Setup(String),
     /// The database would not keep acknowledged writes through a crash.
     #[error("{0}")]
     NotDurable(String),
@@ -111,6 +127,10 @@ pub enum StorageError {
         "revision {requested} is older than the retained history (compacted up to {compacted})"
     )]
     Compacted { requested: i64, compacted: i64 },
+    /// The store has not reached `requested` (a revision of another store,
+    /// or of this one before a restore).
+    #[error("revision {requested} is a future revision: the store is at {current}")]
+    Future { requested: i64, current: i64 },
 }
 
 /// The store's persistence. Implementations must make each write atomic
@@ -120,9 +140,14 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     /// The stored gateway of that name.
     async fn get(&self, name: &str) -> Result<Option<Gateway>, StorageError>;
 
-    /// Up to `limit` gateways with names after `after`, in name order, read
-    /// in one snapshot together with the current revision.
-    async fn list(&self, after: &str, limit: usize) -> Result<Snapshot, StorageError>;
+    /// A page of gateways in name order as of one revision, read in one
+    /// snapshot: the current one, or an earlier one rebuilt from the event
+    /// history (`Compacted` when that history is gone).
+    async fn list(&self, page: Page<'_>) -> Result<Snapshot, StorageError>;
+
+    /// The secret that authenticates ListGateways page tokens, the same for
+    /// every replica on this database.
+    fn page_token_key(&self) -> &[u8];
 
     /// Runs the writes in order in one transaction and commits. The outer
     /// error means nothing committed; otherwise each write has its result.
@@ -131,10 +156,15 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
         writes: Vec<PendingWrite>,
     ) -> Result<Vec<Result<Committed, StorageError>>, StorageError>;
 
-    /// Up to `limit` events after revision `after`, in revision order, or
+    /// Events after revision `after` in revision order, at most `limit` and
+    /// (past the first) at most `max_bytes` of encoded objects, or
     /// `Compacted` when history after `after` is no longer complete.
-    async fn events_after(&self, after: i64, limit: usize)
-        -> Result<Vec<Arc<Event>>, StorageError>;
+    async fn events_after(
+        &self,
+        after: i64,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<Arc<Event>>, StorageError>;
 
     /// The newest committed revision.
     async fn current_revision(&self) -> Result<i64, StorageError>;
@@ -200,11 +230,31 @@ pub(crate) mod sql {
         "UPDATE store_revision SET revision = revision WHERE id = 1 RETURNING revision";
     pub const SET_REVISION: &str = "UPDATE store_revision SET revision = $1 WHERE id = 1";
     pub const CURRENT_REVISION: &str = "SELECT revision FROM store_revision WHERE id = 1";
-    pub const LIST: &str =
-        "SELECT name, object FROM gateways WHERE name > $1 ORDER BY name LIMIT $2";
+    /// Names and sizes of the rows unchanged since revision $2, after $1.
+    pub const PAGE_SIZES: &str = "SELECT name, CAST(LENGTH(object) AS BIGINT) FROM gateways \
+        WHERE name > $1 AND resource_version <= $2 ORDER BY name LIMIT $3";
+    /// Those rows up to the name $3.
+    pub const PAGE_OBJECTS: &str = "SELECT name, object FROM gateways \
+        WHERE name > $1 AND resource_version <= $2 AND name <= $3 ORDER BY name";
+    /// Names changed after revision $2 that existed at it (their first later
+    /// event has a previous object), with the size of that object.
+    pub const PAGE_SIZES_CHANGED: &str = "SELECT name, CAST(LENGTH(prev_object) AS BIGINT) \
+        FROM gateway_events WHERE revision IN (SELECT MIN(revision) FROM gateway_events \
+        WHERE revision > $2 AND name > $1 GROUP BY name) AND prev_object IS NOT NULL \
+        ORDER BY name LIMIT $3";
+    /// Those objects as they were at revision $2, up to the name $3.
+    pub const PAGE_OBJECTS_CHANGED: &str = "SELECT name, prev_object FROM gateway_events \
+        WHERE revision IN (SELECT MIN(revision) FROM gateway_events \
+        WHERE revision > $2 AND name > $1 AND name <= $3 GROUP BY name) \
+        AND prev_object IS NOT NULL";
     pub const COMPACTED_REVISION: &str = "SELECT revision FROM store_compaction WHERE id = 1";
-    pub const EVENTS_AFTER: &str = "SELECT revision, event_type, name, object, prev_labels \
+    pub const EVENT_SIZES: &str = "SELECT revision, CAST(LENGTH(object) AS BIGINT) \
         FROM gateway_events WHERE revision > $1 ORDER BY revision LIMIT $2";
+    pub const EVENTS_BETWEEN: &str = "SELECT revision, event_type, name, object, prev_labels \
+        FROM gateway_events WHERE revision > $1 AND revision <= $2 ORDER BY revision";
+    pub const INSERT_PAGE_TOKEN_KEY: &str =
+        "INSERT INTO store_keys (id, page_token_key) VALUES (1, $1) ON CONFLICT (id) DO NOTHING";
+    pub const PAGE_TOKEN_KEY: &str = "SELECT page_token_key FROM store_keys WHERE id = 1";
     /// The revision to compact up to: every event older than the age
     /// cutoff ($2) or beyond the newest $3 events before the head ($1).
     pub const COMPACTION_TARGET: &str = "SELECT COALESCE(MAX(revision), 0) FROM gateway_events \
@@ -250,14 +300,22 @@ impl<'a> RowColumns<'a> {
     }
 }
 
+/// An event as stored: the event, the encoding of its object and of the
+/// object before the change (`None` for ADDED).
+#[derive(Debug)]
+pub(crate) struct EventRow {
+    pub event: Arc<Event>,
+    pub bytes: Vec<u8>,
+    pub prev: Option<Vec<u8>>,
+}
+
 /// What a batch's rules decided: the answer to each write, the rows and
 /// events to store, and the last revision assigned.
 #[derive(Debug)]
 pub(crate) struct BatchPlan {
     pub results: Vec<Result<Committed, StorageError>>,
     pub rows: Vec<RowWrite>,
-    /// Each event with the encoding of its object.
-    pub events: Vec<(Arc<Event>, Vec<u8>)>,
+    pub events: Vec<EventRow>,
     pub revision: i64,
 }
 
@@ -265,7 +323,7 @@ impl BatchPlan {
     /// What to store in `row`: the object and its encoding, or `None` when
     /// its last change removed it.
     pub fn after(&self, row: &RowWrite) -> Option<(&Gateway, &[u8])> {
-        let (event, bytes) = &self.events[row.last];
+        let EventRow { event, bytes, .. } = &self.events[row.last];
         (event.kind != EventType::Deleted).then(|| (event.gateway.as_ref(), bytes.as_slice()))
     }
 }
@@ -283,12 +341,12 @@ pub(crate) fn plan_batch(
     // Names changed so far, with the index of their last event.
     let mut last_change: BTreeMap<String, usize> = BTreeMap::new();
     let mut results = Vec::with_capacity(writes.len());
-    let mut events: Vec<(Arc<Event>, Vec<u8>)> = Vec::new();
+    let mut events: Vec<EventRow> = Vec::new();
     let mut revision = base;
     for PendingWrite { name, mutation } in writes {
         let state = match last_change.get(&name) {
             Some(&i) => {
-                let event = &events[i].0;
+                let event = &events[i].event;
                 (event.kind != EventType::Deleted).then_some(event.gateway.as_ref())
             }
             None => match stored.get(&name) {
@@ -301,6 +359,7 @@ pub(crate) fn plan_batch(
             },
         };
         let prev_labels = state.and_then(|g| g.metadata.as_ref()).map(|m| m.labels.clone());
+        let prev = state.map(Message::encode_to_vec);
         let (mut gateway, kind) = match mutation(state) {
             Err(e) => {
                 results.push(Err(e.into()));
@@ -320,7 +379,7 @@ pub(crate) fn plan_batch(
         let event =
             Arc::new(Event { revision, kind, gateway: Arc::new(gateway.clone()), prev_labels });
         last_change.insert(name, events.len());
-        events.push((event.clone(), bytes));
+        events.push(EventRow { event: event.clone(), bytes, prev });
         results.push(Ok(Committed { gateway, event: Some(event) }));
     }
     let rows = last_change
@@ -328,7 +387,7 @@ pub(crate) fn plan_batch(
         .filter_map(|(name, last)| {
             let existed = stored.contains_key(&name);
             // Created and removed within the batch: no row to touch.
-            let removed = events[last].0.kind == EventType::Deleted;
+            let removed = events[last].event.kind == EventType::Deleted;
             (existed || !removed).then_some(RowWrite { name, existed, last })
         })
         .collect();
@@ -388,45 +447,186 @@ pub(crate) fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
-/// Reads a snapshot page in the open read transaction `$tx`.
+/// Where a page ends: the last name it holds, and whether more follow.
+#[derive(Debug, PartialEq)]
+pub(crate) struct PageCut {
+    pub last: Option<String>,
+    pub more: bool,
+}
+
+/// Merges the names of unchanged rows and of rows rebuilt from history
+/// (each sorted, disjoint, each at most `limit` long, with their encoded
+/// sizes) and cuts the page at `limit` names or `max_bytes`, whichever
+/// comes first; the first name is always taken.
+pub(crate) fn page_cut(
+    unchanged: &[(String, i64)],
+    changed: &[(String, i64)],
+    limit: usize,
+    max_bytes: usize,
+) -> PageCut {
+    let (mut i, mut j, mut taken, mut bytes) = (0, 0, 0usize, 0usize);
+    let mut last = None;
+    loop {
+        let next = match (unchanged.get(i), changed.get(j)) {
+            (Some(a), Some(b)) if a.0 < b.0 => {
+                i += 1;
+                a
+            }
+            (_, Some(b)) => {
+                j += 1;
+                b
+            }
+            (Some(a), None) => {
+                i += 1;
+                a
+            }
+            (None, None) => {
+                // A source that filled its limit may hold more.
+                let more = unchanged.len() >= limit || changed.len() >= limit;
+                return PageCut { last, more: more && taken > 0 };
+            }
+        };
+        let size = usize::try_from(next.1).unwrap_or(0);
+        if taken == limit || (taken > 0 && bytes + size > max_bytes) {
+            return PageCut { last, more: true };
+        }
+        taken += 1;
+        bytes += size;
+        last = Some(next.0.clone());
+    }
+}
+
+/// The last revision of an events page: at most `max_bytes` of objects
+/// (at least one event) from `sizes` (revision, size) in revision order.
+pub(crate) fn events_cut(sizes: &[(i64, i64)], max_bytes: usize) -> Option<i64> {
+    let mut bytes = 0usize;
+    let mut last = None;
+    for &(revision, size) in sizes {
+        let size = usize::try_from(size).unwrap_or(0);
+        if last.is_some() && bytes + size > max_bytes {
+            break;
+        }
+        bytes += size;
+        last = Some(revision);
+    }
+    last
+}
+
+/// Reads a page of a listing (a [`Page`]) in the open read transaction
+/// `$tx`; evaluates to a [`Snapshot`].
 macro_rules! list_in {
-    ($tx:ident, $after:expr, $limit:expr) => {{
-        use $crate::storage::{decode, sql, Snapshot};
-        let (revision,): (i64,) =
-            sqlx::query_as(sql::CURRENT_REVISION).fetch_one(&mut *$tx).await?;
-        let rows: Vec<(String, Vec<u8>)> = sqlx::query_as(sql::LIST)
-            .bind($after)
-            .bind(i64::try_from($limit).unwrap_or(i64::MAX))
+    ($tx:ident, $page:expr) => {{
+        use $crate::storage::{decode, page_cut, sql, Page, Snapshot, StorageError};
+        let page: Page<'_> = $page;
+        let (current,): (i64,) = sqlx::query_as(sql::CURRENT_REVISION).fetch_one(&mut *$tx).await?;
+        let revision = match page.at {
+            None => current,
+            Some(at) if at > current => {
+                return Err(StorageError::Future { requested: at, current });
+            }
+            Some(at) => {
+                let (compacted,): (i64,) =
+                    sqlx::query_as(sql::COMPACTED_REVISION).fetch_one(&mut *$tx).await?;
+                if at < compacted {
+                    return Err(StorageError::Compacted { requested: at, compacted });
+                }
+                at
+            }
+        };
+        let limit = i64::try_from(page.limit).unwrap_or(i64::MAX);
+        let unchanged: Vec<(String, i64)> = sqlx::query_as(sql::PAGE_SIZES)
+            .bind(page.after)
+            .bind(revision)
+            .bind(limit)
             .fetch_all(&mut *$tx)
             .await?;
+        // Rows changed since `revision` are shown as they were then.
+        let historic = revision < current;
+        let changed: Vec<(String, i64)> = if historic {
+            sqlx::query_as(sql::PAGE_SIZES_CHANGED)
+                .bind(page.after)
+                .bind(revision)
+                .bind(limit)
+                .fetch_all(&mut *$tx)
+                .await?
+        } else {
+            Vec::new()
+        };
+        let cut = page_cut(&unchanged, &changed, page.limit, page.max_bytes);
+        let mut rows: Vec<(String, Vec<u8>)> = Vec::new();
+        if let Some(last) = &cut.last {
+            rows = sqlx::query_as(sql::PAGE_OBJECTS)
+                .bind(page.after)
+                .bind(revision)
+                .bind(last)
+                .fetch_all(&mut *$tx)
+                .await?;
+            if historic {
+                let older: Vec<(String, Vec<u8>)> = sqlx::query_as(sql::PAGE_OBJECTS_CHANGED)
+                    .bind(page.after)
+                    .bind(revision)
+                    .bind(last)
+                    .fetch_all(&mut *$tx)
+                    .await?;
+                rows.extend(older);
+                rows.sort_by(|a, b| a.0.cmp(&b.0));
+            }
+        }
         let gateways =
             rows.iter().map(|(name, bytes)| decode(name, bytes)).collect::<Result<_, _>>()?;
-        Snapshot { gateways, revision }
+        Snapshot { gateways, revision, more: cut.more }
     }};
 }
 
 /// Reads events after a revision in the open read transaction `$tx`,
 /// checking the compaction mark in the same snapshot.
 macro_rules! events_after_in {
-    ($tx:ident, $after:expr, $limit:expr) => {{
-        use $crate::storage::{decode_event, sql, StorageError};
+    ($tx:ident, $after:expr, $limit:expr, $max_bytes:expr) => {{
+        use $crate::storage::{decode_event, events_cut, sql, StorageError};
         let after: i64 = $after;
         let (compacted,): (i64,) =
             sqlx::query_as(sql::COMPACTED_REVISION).fetch_one(&mut *$tx).await?;
         if after < compacted {
             return Err(StorageError::Compacted { requested: after, compacted });
         }
-        let rows: Vec<(i64, i32, String, Vec<u8>, Option<Vec<u8>>)> =
-            sqlx::query_as(sql::EVENTS_AFTER)
-                .bind(after)
-                .bind(i64::try_from($limit).unwrap_or(i64::MAX))
-                .fetch_all(&mut *$tx)
-                .await?;
-        rows.iter()
-            .map(|(revision, kind, name, object, prev)| {
-                decode_event(*revision, *kind, name, object, prev.as_deref())
-            })
-            .collect::<Result<Vec<_>, _>>()?
+        let sizes: Vec<(i64, i64)> = sqlx::query_as(sql::EVENT_SIZES)
+            .bind(after)
+            .bind(i64::try_from($limit).unwrap_or(i64::MAX))
+            .fetch_all(&mut *$tx)
+            .await?;
+        match events_cut(&sizes, $max_bytes) {
+            None => Vec::new(),
+            Some(last) => {
+                let rows: Vec<(i64, i32, String, Vec<u8>, Option<Vec<u8>>)> =
+                    sqlx::query_as(sql::EVENTS_BETWEEN)
+                        .bind(after)
+                        .bind(last)
+                        .fetch_all(&mut *$tx)
+                        .await?;
+                rows.iter()
+                    .map(|(revision, kind, name, object, prev)| {
+                        decode_event(*revision, *kind, name, object, prev.as_deref())
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+            }
+        }
+    }};
+}
+
+/// The page token key in `$pool`'s database, created by the first store
+/// to open it.
+macro_rules! page_token_key_in {
+    ($pool:expr) => {{
+        use $crate::storage::sql;
+        let mut key = vec![0u8; 32];
+        getrandom::getrandom(&mut key).map_err(|e| {
+            $crate::storage::StorageError::Setup(format!(
+                "no randomness for the page token key: {e}"
+            ))
+        })?;
+        sqlx::query(sql::INSERT_PAGE_TOKEN_KEY).bind(key).execute($pool).await?;
+        let (key,): (Vec<u8>,) = sqlx::query_as(sql::PAGE_TOKEN_KEY).fetch_one($pool).await?;
+        key
     }};
 }
 
@@ -453,7 +653,7 @@ macro_rules! compact_in {
     }};
 }
 
-pub(crate) use {compact_in, events_after_in, list_in};
+pub(crate) use {compact_in, events_after_in, list_in, page_token_key_in};
 
 #[cfg(test)]
 mod tests {
@@ -506,7 +706,19 @@ mod tests {
             ]
         );
         assert!(matches!(plan.results[4], Err(StorageError::Rule(RuleError::NotFound(_)))));
-        let revisions: Vec<i64> = plan.events.iter().map(|(e, _)| e.revision).collect();
+        let revisions: Vec<i64> = plan.events.iter().map(|e| e.event.revision).collect();
+        let prevs: Vec<Option<String>> = plan
+            .events
+            .iter()
+            .map(|e| {
+                e.prev.as_ref().map(|b| Gateway::decode(b.as_slice()).unwrap().spec.unwrap().image)
+            })
+            .collect();
+        assert_eq!(
+            prevs,
+            [None, Some("a".into()), Some("v1".into()), None],
+            "each event keeps the object before it"
+        );
         assert_eq!(revisions, [11, 12, 13, 14], "a revision per change, none for the refusal");
         assert_eq!(plan.revision, 14);
         let rows: Vec<(&str, bool, Option<&str>)> = plan
@@ -524,6 +736,34 @@ mod tests {
         let (stored_new, bytes) = plan.after(&plan.rows[0]).unwrap();
         assert_eq!(stored_new.metadata.as_ref().unwrap().resource_version, 12);
         assert_eq!(Gateway::decode(bytes).unwrap(), *stored_new);
+    }
+
+    fn sized(names: &[(&str, i64)]) -> Vec<(String, i64)> {
+        names.iter().map(|(n, s)| (n.to_string(), *s)).collect()
+    }
+
+    #[test]
+    fn a_page_merges_both_sources_in_name_order_and_cuts_at_the_count_or_the_bytes() {
+        let unchanged = sized(&[("a", 10), ("c", 10), ("e", 10)]);
+        let changed = sized(&[("b", 10), ("d", 10)]);
+        let cut = |limit, bytes| page_cut(&unchanged, &changed, limit, bytes);
+        assert_eq!(cut(10, 1000), PageCut { last: Some("e".into()), more: false });
+        assert_eq!(cut(2, 1000), PageCut { last: Some("b".into()), more: true });
+        assert_eq!(cut(10, 25), PageCut { last: Some("b".into()), more: true });
+        // The first object is taken however large.
+        assert_eq!(cut(10, 1), PageCut { last: Some("a".into()), more: true });
+        assert_eq!(page_cut(&[], &[], 10, 10), PageCut { last: None, more: false });
+        // A source that filled its limit may hold more beyond it.
+        let full = sized(&[("a", 1), ("b", 1)]);
+        assert_eq!(page_cut(&full, &[], 2, 100), PageCut { last: Some("b".into()), more: true });
+        assert_eq!(page_cut(&[], &full, 2, 100), PageCut { last: Some("b".into()), more: true });
+    }
+
+    #[test]
+    fn an_events_page_stops_before_its_bytes_run_over_but_holds_one_event() {
+        assert_eq!(events_cut(&[(5, 10), (6, 10), (7, 10)], 25), Some(6));
+        assert_eq!(events_cut(&[(5, 100), (6, 10)], 25), Some(5));
+        assert_eq!(events_cut(&[], 25), None);
     }
 
     #[test]

@@ -26,8 +26,8 @@ use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 
 use super::{
     batch_names, changed_behind_our_back, compact_in, decode, encode_labels, events_after_in,
-    list_in, now_ms, plan_batch, sql, stored_rows, Committed, Event, PendingWrite, Retention,
-    RowColumns, Snapshot, Storage, StorageError,
+    list_in, now_ms, page_token_key_in, plan_batch, sql, stored_rows, Committed, Event, Page,
+    PendingWrite, Retention, RowColumns, Snapshot, Storage, StorageError,
 };
 
 const SELECT_ROWS: &str = "SELECT name, object FROM gateways WHERE name = ANY($1)";
@@ -45,14 +45,16 @@ const INSERT_ROWS: &str = "INSERT INTO gateways \
     ON CONFLICT (name) DO NOTHING";
 const DELETE_ROWS: &str = "DELETE FROM gateways WHERE name = ANY($1)";
 const INSERT_EVENTS: &str = "INSERT INTO gateway_events \
-    (revision, event_type, name, object, created_at_ms, prev_labels) \
-    SELECT * FROM UNNEST($1::int8[], $2::int4[], $3::text[], $4::bytea[], $5::int8[], $6::bytea[])";
+    (revision, event_type, name, object, created_at_ms, prev_labels, prev_object) \
+    SELECT * FROM UNNEST($1::int8[], $2::int4[], $3::text[], $4::bytea[], $5::int8[], $6::bytea[], \
+    $7::bytea[])";
 const CHANNEL: &str = "gantry_events";
 
 /// Gateways in a PostgreSQL database.
 #[derive(Debug, Clone)]
 pub struct PostgresStorage {
     pool: PgPool,
+    page_token_key: Vec<u8>,
 }
 
 impl PostgresStorage {
@@ -72,7 +74,8 @@ impl PostgresStorage {
             .connect(url)
             .await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;
-        let storage = Self { pool };
+        let page_token_key = page_token_key_in!(&pool);
+        let storage = Self { pool, page_token_key };
         super::check_durability(&storage.durability().await?)?;
         Ok(storage)
     }
@@ -97,10 +100,10 @@ impl Storage for PostgresStorage {
         row.map(|(bytes,)| decode(name, &bytes)).transpose()
     }
 
-    async fn list(&self, after: &str, limit: usize) -> Result<Snapshot, StorageError> {
+    async fn list(&self, page: Page<'_>) -> Result<Snapshot, StorageError> {
         let mut tx =
             self.pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await?;
-        let snapshot = list_in!(tx, after, limit);
+        let snapshot = list_in!(tx, page);
         tx.commit().await?;
         Ok(snapshot)
     }
@@ -145,17 +148,18 @@ impl Storage for PostgresStorage {
         let now = now_ms();
         let events = &plan.events;
         sqlx::query(INSERT_EVENTS)
-            .bind(events.iter().map(|(e, _)| e.revision).collect::<Vec<_>>())
-            .bind(events.iter().map(|(e, _)| e.kind as i32).collect::<Vec<_>>())
-            .bind(events.iter().map(|(e, _)| e.name()).collect::<Vec<_>>())
-            .bind(events.iter().map(|(_, bytes)| bytes.as_slice()).collect::<Vec<_>>())
+            .bind(events.iter().map(|e| e.event.revision).collect::<Vec<_>>())
+            .bind(events.iter().map(|e| e.event.kind as i32).collect::<Vec<_>>())
+            .bind(events.iter().map(|e| e.event.name()).collect::<Vec<_>>())
+            .bind(events.iter().map(|e| e.bytes.as_slice()).collect::<Vec<_>>())
             .bind(vec![now; events.len()])
             .bind(
                 events
                     .iter()
-                    .map(|(e, _)| e.prev_labels.as_ref().map(encode_labels))
+                    .map(|e| e.event.prev_labels.as_ref().map(encode_labels))
                     .collect::<Vec<_>>(),
             )
+            .bind(events.iter().map(|e| e.prev.as_deref()).collect::<Vec<_>>())
             .execute(&mut *tx)
             .await?;
         sqlx::query(sql::SET_REVISION).bind(plan.revision).execute(&mut *tx).await?;
@@ -173,10 +177,11 @@ impl Storage for PostgresStorage {
         &self,
         after: i64,
         limit: usize,
+        max_bytes: usize,
     ) -> Result<Vec<Arc<Event>>, StorageError> {
         let mut tx =
             self.pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await?;
-        let events = events_after_in!(tx, after, limit);
+        let events = events_after_in!(tx, after, limit, max_bytes);
         tx.commit().await?;
         Ok(events)
     }
@@ -214,6 +219,10 @@ impl Storage for PostgresStorage {
     async fn ping(&self) -> Result<(), StorageError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+
+    fn page_token_key(&self) -> &[u8] {
+        &self.page_token_key
     }
 
     fn backend(&self) -> &'static str {

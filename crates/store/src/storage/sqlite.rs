@@ -15,8 +15,8 @@ use sqlx::sqlite::{
 
 use super::{
     batch_names, changed_behind_our_back, compact_in, decode, encode_labels, events_after_in,
-    list_in, now_ms, plan_batch, sql, stored_rows, Committed, Event, PendingWrite, Retention,
-    RowColumns, Snapshot, Storage, StorageError,
+    list_in, now_ms, page_token_key_in, plan_batch, sql, stored_rows, Committed, Event, Page,
+    PendingWrite, Retention, RowColumns, Snapshot, Storage, StorageError,
 };
 
 /// Rows of a JSON array of names (SQLite has no array parameters).
@@ -30,13 +30,15 @@ const UPDATE: &str = "UPDATE gateways SET uid = $2, generation = $3, \
     observed_generation = $4, resource_version = $5, deleting = $6, object = $7 WHERE name = $1";
 const DELETE: &str = "DELETE FROM gateways WHERE name = $1";
 const INSERT_EVENT: &str = "INSERT INTO gateway_events \
-    (revision, event_type, name, object, created_at_ms, prev_labels) VALUES ($1, $2, $3, $4, $5, $6)";
+    (revision, event_type, name, object, created_at_ms, prev_labels, prev_object) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7)";
 
 /// Gateways in a SQLite file.
 #[derive(Debug, Clone)]
 pub struct SqliteStorage {
     writer: SqlitePool,
     readers: SqlitePool,
+    page_token_key: Vec<u8>,
 }
 
 impl SqliteStorage {
@@ -59,7 +61,8 @@ impl SqliteStorage {
             .acquire_timeout(Duration::from_secs(30))
             .connect_with(options)
             .await?;
-        let storage = Self { writer, readers };
+        let page_token_key = page_token_key_in!(&writer);
+        let storage = Self { writer, readers, page_token_key };
         super::check_durability(&storage.durability().await?)?;
         Ok(storage)
     }
@@ -81,9 +84,9 @@ impl Storage for SqliteStorage {
         row.map(|(bytes,)| decode(name, &bytes)).transpose()
     }
 
-    async fn list(&self, after: &str, limit: usize) -> Result<Snapshot, StorageError> {
+    async fn list(&self, page: Page<'_>) -> Result<Snapshot, StorageError> {
         let mut tx = self.readers.begin().await?;
-        let snapshot = list_in!(tx, after, limit);
+        let snapshot = list_in!(tx, page);
         tx.commit().await?;
         Ok(snapshot)
     }
@@ -123,7 +126,7 @@ impl Storage for SqliteStorage {
             }
         }
         let now = now_ms();
-        for (event, bytes) in &plan.events {
+        for super::EventRow { event, bytes, prev } in &plan.events {
             sqlx::query(INSERT_EVENT)
                 .bind(event.revision)
                 .bind(event.kind as i32)
@@ -131,6 +134,7 @@ impl Storage for SqliteStorage {
                 .bind(bytes.as_slice())
                 .bind(now)
                 .bind(event.prev_labels.as_ref().map(encode_labels))
+                .bind(prev.as_deref())
                 .execute(&mut *tx)
                 .await?;
         }
@@ -144,9 +148,10 @@ impl Storage for SqliteStorage {
         &self,
         after: i64,
         limit: usize,
+        max_bytes: usize,
     ) -> Result<Vec<Arc<Event>>, StorageError> {
         let mut tx = self.readers.begin().await?;
-        let events = events_after_in!(tx, after, limit);
+        let events = events_after_in!(tx, after, limit, max_bytes);
         tx.commit().await?;
         Ok(events)
     }
@@ -167,6 +172,10 @@ impl Storage for SqliteStorage {
     async fn ping(&self) -> Result<(), StorageError> {
         sqlx::query("SELECT 1").execute(&self.readers).await?;
         Ok(())
+    }
+
+    fn page_token_key(&self) -> &[u8] {
+        &self.page_token_key
     }
 
     fn backend(&self) -> &'static str {
