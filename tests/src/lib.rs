@@ -137,6 +137,8 @@ pub struct StoreProcess {
     child: Option<Child>,
     /// The process's stderr (its logs), appended across restarts.
     log: PathBuf,
+    /// The process's open-file limit, when a test sets one.
+    pub open_files: Option<u32>,
 }
 
 impl StoreProcess {
@@ -168,9 +170,29 @@ impl StoreProcess {
             args.push("--allow-unauthenticated".into());
         }
         let log = data_dir.join("gateway-store.log");
-        let mut store = StoreProcess { args, grpc, http, child: None, log };
+        let mut store = StoreProcess { args, grpc, http, child: None, log, open_files: None };
         store.spawn();
         store
+    }
+
+    /// As [`StoreProcess::start_with`], run with an open-file limit of
+    /// `open_files` (`ulimit -n`).
+    pub fn start_with_open_files(
+        database_url: &str,
+        data_dir: &std::path::Path,
+        extra: &[&str],
+        open_files: u32,
+    ) -> StoreProcess {
+        let mut store = Self::start_with(database_url, data_dir, extra);
+        store.kill9();
+        store.open_files = Some(open_files);
+        store.spawn();
+        store
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     /// `http://127.0.0.1:<grpc port>`.
@@ -185,7 +207,16 @@ impl StoreProcess {
             .append(true)
             .open(&self.log)
             .expect("open the store's log file");
-        let child = Command::new(binary("gateway-store"))
+        let mut command = match self.open_files {
+            None => Command::new(binary("gateway-store")),
+            Some(limit) => {
+                let mut sh = Command::new("sh");
+                sh.args(["-c", &format!("ulimit -n {limit} && exec \"$0\" \"$@\"")])
+                    .arg(binary("gateway-store"));
+                sh
+            }
+        };
+        let child = command
             .args(&self.args)
             .stdout(Stdio::null())
             .stderr(log)

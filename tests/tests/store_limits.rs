@@ -212,3 +212,147 @@ async fn a_call_stuck_on_the_database_ends_at_the_request_timeout() {
     drop(store);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// CPU time (user + system) the process has used so far.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command name (which may hold spaces) start at 3.
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // USER_HZ is 100 on Linux.
+    Duration::from_millis(ticks * 10)
+}
+
+/// A counter or gauge from the store's /metrics.
+fn metric(store: &StoreProcess, name: &str) -> f64 {
+    let text = http_get(store.http, "/metrics").unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
+}
+
+/// Opens `n` TCP connections that never send a byte.
+async fn idle_sockets(store: &StoreProcess, n: usize) -> Vec<tokio::net::TcpStream> {
+    let mut sockets = Vec::new();
+    for _ in 0..n {
+        sockets.push(tokio::net::TcpStream::connect(("127.0.0.1", store.grpc)).await.unwrap());
+    }
+    sockets
+}
+
+/// Waits until every socket is closed by the store (EOF or reset).
+async fn closed_by_the_store(sockets: Vec<tokio::net::TcpStream>, within: Duration) {
+    use tokio::io::AsyncReadExt;
+    let waits = sockets.into_iter().map(|mut s| async move {
+        let mut buf = [0u8; 256];
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                // The server's HTTP/2 preface and settings, if it got that far.
+                Ok(_) => {}
+            }
+        }
+    });
+    tokio::time::timeout(within, futures_util::future::join_all(waits))
+        .await
+        .expect("an idle connection was still open");
+}
+
+/// Idle connections past `--max-connections`, and past the process's
+/// open-file limit, neither stop the store nor spin a core: a client that
+/// was connected before keeps getting answers, the store uses little CPU
+/// while they are held, every idle connection is closed (at once over the
+/// limit; after `--handshake-timeout` otherwise), and a new client is
+/// served afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_past_the_limits_neither_stop_nor_spin_the_store() {
+    let flags = ["--handshake-timeout", "2s", "--idle-timeout", "1m"];
+    let cases: [(&str, &str, Option<u32>, &str); 2] = [
+        ("max-connections", "40", None, "gantry_store_grpc_connections_refused_total"),
+        // Far above the 128 files the process may open: accept fails with
+        // EMFILE and must back off.
+        ("open-files", "4096", Some(128), "gantry_store_grpc_accept_errors_total"),
+    ];
+    for (label, max, open_files, counter) in cases {
+        let dir = temp_dir(&format!("conn-{label}"));
+        let url = format!("sqlite://{}", dir.join("gantry.db").display());
+        let mut args = flags.to_vec();
+        args.extend(["--max-connections", max]);
+        let store = match open_files {
+            None => StoreProcess::start_with(&url, &dir, &args),
+            Some(n) => StoreProcess::start_with_open_files(&url, &dir, &args, n),
+        };
+        let config = ClientConfig { endpoint: store.endpoint(), ..Default::default() };
+        let mut polite = gantry_client::connect(&config).await.unwrap();
+        polite.create_gateway(CreateGatewayRequest { gateway: Some(gateway("g")) }).await.unwrap();
+
+        let flood = idle_sockets(&store, 300).await;
+        let pid = store.pid().unwrap();
+        let (cpu_before, started) = (cpu_time(pid), std::time::Instant::now());
+        let mut slowest = Duration::ZERO;
+        while started.elapsed() < Duration::from_millis(1500) {
+            let call = std::time::Instant::now();
+            let answer = tokio::time::timeout(
+                Duration::from_secs(5),
+                polite.get_gateway(GetGatewayRequest { name: "g".into() }),
+            )
+            .await
+            .unwrap_or_else(|_| {
+                panic!("{label}: no answer within 5 s while idle connections are held")
+            });
+            answer.unwrap_or_else(|s| panic!("{label}: the connected client was refused: {s:?}"));
+            slowest = slowest.max(call.elapsed());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let cpu = cpu_time(pid) - cpu_before;
+        let window = started.elapsed();
+        // Spinning on accept would use the whole window (one core).
+        assert!(cpu < window / 4, "{label}: the store used {cpu:?} of CPU in {window:?}");
+        assert!(metric(&store, counter) > 0.0, "{label}: {counter} did not count");
+        eprintln!("{label}: 300 idle connections held; store CPU {cpu:?} in {window:?}; slowest answer {slowest:?}");
+
+        // Every idle connection is closed: over the limit at once, the
+        // others after the handshake timeout (freeing files for the next).
+        closed_by_the_store(flood, Duration::from_secs(30)).await;
+        assert!(metric(&store, "gantry_store_grpc_connections_handshake_timeouts_total") > 0.0);
+        let mut fresh = gantry_client::connect(&config).await.unwrap();
+        fresh.get_gateway(GetGatewayRequest { name: "g".into() }).await.unwrap();
+        polite.get_gateway(GetGatewayRequest { name: "g".into() }).await.unwrap();
+        drop(store);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
+
+/// `--idle-timeout` closes a connection with no call in flight, and the
+/// client's next call reconnects; a connection with an open watch is not
+/// idle, and the watch keeps delivering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_close_but_an_open_watch_is_not_idle() {
+    use tokio_stream::StreamExt as _;
+    let (dir, _, store, config) = sqlite_store("idle", &["--idle-timeout", "1s"]);
+    let mut client = gantry_client::connect(&config).await.unwrap();
+    client.create_gateway(CreateGatewayRequest { gateway: Some(gateway("g")) }).await.unwrap();
+    let mut watcher = gantry_client::connect(&config).await.unwrap();
+    let request = WatchGatewaysRequest { resource_version: 0, ..Default::default() };
+    let mut watch = watcher.watch_gateways(request).await.unwrap().into_inner();
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while metric(&store, "gantry_store_grpc_connections_idle_closed_total") < 1.0 {
+        assert!(std::time::Instant::now() < deadline, "no idle connection was closed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The idle one was the client's; its next call reconnects.
+    client.get_gateway(GetGatewayRequest { name: "g".into() }).await.unwrap();
+    // The watch, open for longer than the idle timeout, still delivers.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    client.create_gateway(CreateGatewayRequest { gateway: Some(gateway("h")) }).await.unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(10), watch.next())
+        .await
+        .expect("the watch delivered nothing")
+        .expect("the watch ended")
+        .expect("the watch failed");
+    assert_eq!(event.gateway.unwrap().metadata.unwrap().name, "h");
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+}

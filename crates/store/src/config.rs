@@ -112,6 +112,29 @@ pub struct LimitArgs {
     /// Longest a call may take to answer (a watch: to start streaming).
     #[arg(long, env = "GANTRY_REQUEST_TIMEOUT", default_value = "30s", value_parser = gantry_core::duration::parse_duration)]
     pub request_timeout: Duration,
+
+    /// gRPC connections open at once; more are closed as soon as accepted
+    /// (keep it below the process's open-file limit).
+    #[arg(long, env = "GANTRY_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+
+    /// A new connection must send its first request within this time.
+    #[arg(long, env = "GANTRY_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = gantry_core::duration::parse_duration)]
+    pub handshake_timeout: Duration,
+
+    /// A connection with no call in flight (an open watch counts) for this
+    /// long is closed; clients reconnect when they next call.
+    #[arg(long, env = "GANTRY_IDLE_TIMEOUT", default_value = "5m", value_parser = gantry_core::duration::parse_duration)]
+    pub idle_timeout: Duration,
+
+    /// Interval of HTTP/2 keepalive pings on every connection.
+    #[arg(long, env = "GANTRY_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = gantry_core::duration::parse_duration)]
+    pub keepalive_interval: Duration,
+
+    /// A connection whose peer does not answer a keepalive ping within
+    /// this time is closed.
+    #[arg(long, env = "GANTRY_KEEPALIVE_TIMEOUT", default_value = "10s", value_parser = gantry_core::duration::parse_duration)]
+    pub keepalive_timeout: Duration,
 }
 
 /// TLS flags.

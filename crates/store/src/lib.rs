@@ -15,6 +15,7 @@
 pub mod auth;
 pub mod background;
 pub mod config;
+pub mod conn;
 pub mod errors;
 pub mod http;
 pub mod hub;
@@ -30,11 +31,11 @@ use std::time::Duration;
 
 use gantry_api::v1::gateway_service_server::GatewayServiceServer;
 use tokio::net::TcpListener;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 use crate::auth::{Auth, Authenticator};
 use crate::config::Config;
+use crate::conn::{ActiveCallsLayer, ConnectionLimits, Connections};
 use crate::hub::WatchHub;
 use crate::metrics::Metrics;
 use crate::service::GatewayApi;
@@ -94,6 +95,10 @@ pub struct Limits {
     pub streams_per_connection: u32,
     /// Longest a call may take to answer.
     pub request_timeout: Duration,
+    /// Connections: how many, and how long they may wait or idle.
+    pub connections: ConnectionLimits,
+    /// HTTP/2 keepalive ping interval and the wait for its answer.
+    pub keepalive: (Duration, Duration),
 }
 
 impl Default for Limits {
@@ -102,6 +107,8 @@ impl Default for Limits {
             calls_per_connection: 256,
             streams_per_connection: 1024,
             request_timeout: Duration::from_secs(30),
+            connections: ConnectionLimits::default(),
+            keepalive: (Duration::from_secs(30), Duration::from_secs(10)),
         }
     }
 }
@@ -198,6 +205,12 @@ pub async fn settings_from_config(config: &Config) -> Result<Settings, ServeErro
         calls_per_connection: config.limits.max_calls_per_connection.max(1),
         streams_per_connection: config.limits.max_streams_per_connection.max(1),
         request_timeout: config.limits.request_timeout,
+        connections: ConnectionLimits {
+            max_connections: config.limits.max_connections.max(1),
+            handshake_timeout: config.limits.handshake_timeout,
+            idle_timeout: config.limits.idle_timeout,
+        },
+        keepalive: (config.limits.keepalive_interval, config.limits.keepalive_timeout),
     };
     let auth = Auth::with_path(auth, config.auth.tokens_file.clone());
     Ok(Settings { storage, auth: Arc::new(auth), tls, watch, limits })
@@ -279,6 +292,7 @@ pub async fn serve(
     };
 
     let limits = &settings.limits;
+    let connections = Connections::new(limits.connections.clone(), metrics.connections.clone());
     let mut builder = Server::builder()
         .concurrency_limit_per_connection(limits.calls_per_connection)
         .load_shed(true)
@@ -289,9 +303,9 @@ pub async fn serve(
         .layer(tower::util::MapResponseLayer::new(
             errors::too_large_is_resource_exhausted as fn(_) -> _,
         ))
-        .tcp_nodelay(true)
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)));
+        .layer(ActiveCallsLayer::new(connections.clone()))
+        .http2_keepalive_interval(Some(limits.keepalive.0))
+        .http2_keepalive_timeout(Some(limits.keepalive.1));
     if let Some((cert, key)) = &settings.tls {
         builder =
             builder.tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))?;
@@ -319,11 +333,11 @@ pub async fn serve(
 
     let reporter = health_reporter.clone();
     let grpc_stop = stop_rx.clone();
-    // TCP_NODELAY on every accepted connection: a reply of several KB
-    // is written in more than one segment, and Nagle's algorithm would
-    // hold the last one until the client's delayed ACK (about 40 ms).
-    // (`Server::tcp_nodelay` only applies to listeners tonic binds.)
-    let incoming = TcpIncoming::from(grpc).with_nodelay(Some(true));
+    // Within the connection limits, with TCP_NODELAY on every accepted
+    // connection: a reply of several KB is written in more than one
+    // segment, and Nagle's algorithm would hold the last one until the
+    // client's delayed ACK (about 40 ms).
+    let incoming = conn::incoming(grpc, connections);
     let grpc_server = router.serve_with_incoming_shutdown(incoming, async move {
         stopped(grpc_stop).await;
         reporter.set_not_serving::<GatewayServiceServer<GatewayApi>>().await;

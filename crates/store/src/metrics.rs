@@ -37,6 +37,8 @@ pub struct Metrics {
     pub watch_cache_events: Gauge,
     /// Newest revision published to watchers.
     pub watch_revision: Gauge,
+    /// The gRPC listener's connections.
+    pub connections: crate::conn::ConnectionMetrics,
 }
 
 impl Default for Metrics {
@@ -73,7 +75,37 @@ impl Default for Metrics {
             "Newest revision published to watchers",
             watch_revision.clone(),
         );
-        Self { registry, requests, latency, watch_subscribers, watch_cache_events, watch_revision }
+        let connections = crate::conn::ConnectionMetrics::default();
+        registry.register("grpc_connections", "Open gRPC connections", connections.open.clone());
+        registry.register(
+            "grpc_connections_refused",
+            "gRPC connections closed at accept because --max-connections were open",
+            connections.refused.clone(),
+        );
+        registry.register(
+            "grpc_connections_handshake_timeouts",
+            "gRPC connections closed for sending no request within --handshake-timeout",
+            connections.handshake_timeouts.clone(),
+        );
+        registry.register(
+            "grpc_connections_idle_closed",
+            "gRPC connections closed after --idle-timeout with no call in flight",
+            connections.idle_closed.clone(),
+        );
+        registry.register(
+            "grpc_accept_errors",
+            "Failed accepts on the gRPC listener (e.g. out of file descriptors)",
+            connections.accept_errors.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            latency,
+            watch_subscribers,
+            watch_cache_events,
+            watch_revision,
+            connections,
+        }
     }
 }
 
