@@ -356,3 +356,106 @@ async fn idle_connections_close_but_an_open_watch_is_not_idle() {
     drop(store);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Resident memory of a process.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// The watch memory attack: 40 initial-events watches over 20 MB of
+/// gateways (80 of 250 KiB)
+/// and 10 catch-up watches from revision 1, each on its own
+/// connection and none reading, add less than 128 MiB to the store's
+/// resident memory (a copy of the store per watch was 800 MB), and a
+/// watcher that reads meanwhile gets every change in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_that_do_not_read_hold_bounded_memory() {
+    use tokio_stream::StreamExt as _;
+    const BOUND: u64 = 128 << 20;
+    let (dir, _, store, config) = sqlite_store("watch-memory", &[]);
+    let pid = store.pid().unwrap();
+    let mut c = gantry_client::connect(&config).await.unwrap();
+    let big = |name: &str, image: &str| {
+        let mut g = gateway(name);
+        let spec = g.spec.as_mut().unwrap();
+        spec.image = image.into();
+        // The largest config a gateway may have.
+        spec.config.insert("blob".into(), "x".repeat(250 * 1024));
+        g
+    };
+    for i in 0..80 {
+        c.create_gateway(CreateGatewayRequest { gateway: Some(big(&format!("g{i:02}"), "gw:1")) })
+            .await
+            .unwrap();
+    }
+    let before = rss_bytes(pid);
+
+    let mut held = Vec::new();
+    for i in 0..50 {
+        let mut client = gantry_client::connect(&config).await.unwrap();
+        let request = if i < 40 {
+            WatchGatewaysRequest { send_initial_events: true, ..Default::default() }
+        } else {
+            WatchGatewaysRequest { resource_version: 1, ..Default::default() }
+        };
+        let stream = client.watch_gateways(request).await.unwrap().into_inner();
+        held.push((client, stream));
+    }
+    let start = c
+        .list_gateways(ListGatewaysRequest { page_size: 1, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+        .resource_version;
+    let mut reader = gantry_client::connect(&config).await.unwrap();
+    let request = WatchGatewaysRequest { resource_version: start, ..Default::default() };
+    let mut reading = reader.watch_gateways(request).await.unwrap().into_inner();
+    let mut written = Vec::new();
+    let mut peak = before;
+    for i in 0..20 {
+        let g = big(&format!("g{i:02}"), "gw:2");
+        let mask = Some(prost_types::FieldMask { paths: vec!["spec".into()] });
+        let g = c
+            .update_gateway(gantry_api::v1::UpdateGatewayRequest {
+                gateway: Some(g),
+                update_mask: mask,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        written.push(g.metadata.unwrap().resource_version);
+        peak = peak.max(rss_bytes(pid));
+    }
+    let mut seen = Vec::new();
+    while seen.len() < written.len() {
+        let event = tokio::time::timeout(Duration::from_secs(30), reading.next())
+            .await
+            .expect("the reading watcher starved")
+            .expect("the reading watch ended")
+            .expect("the reading watch failed");
+        seen.push(event.resource_version);
+    }
+    assert_eq!(seen, written, "the reading watcher got every change, in order");
+    // Let the store push whatever the stalled streams will take.
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        peak = peak.max(rss_bytes(pid));
+    }
+    let grown = peak.saturating_sub(before);
+    eprintln!(
+        "watch attack: store RSS {} MiB before, peak {} MiB (+{} MiB) with 50 stalled watches over 20 MiB",
+        before >> 20,
+        peak >> 20,
+        grown >> 20
+    );
+    assert!(grown < BOUND, "the store grew by {} MiB under the watch attack", grown >> 20);
+    drop(held);
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+}

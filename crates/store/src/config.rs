@@ -72,10 +72,20 @@ pub struct WatchArgs {
     #[arg(long, env = "GANTRY_WATCH_CACHE_EVENTS", default_value_t = 10_000)]
     pub watch_cache_events: usize,
 
+    /// Encoded bytes of the events kept in memory (the newest event is kept
+    /// whatever its size).
+    #[arg(long, env = "GANTRY_WATCH_CACHE_BYTES", default_value_t = 64 << 20)]
+    pub watch_cache_bytes: usize,
+
     /// How many events a watcher may fall behind before it is ended with
     /// RESOURCE_EXHAUSTED (it then resumes from its last revision).
     #[arg(long, env = "GANTRY_WATCH_BUFFER", default_value_t = 4096)]
     pub watch_buffer: usize,
+
+    /// How many encoded bytes of events a watcher may fall behind before it
+    /// is ended with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "GANTRY_WATCH_BUFFER_BYTES", default_value_t = 16 << 20)]
+    pub watch_buffer_bytes: usize,
 
     /// Interval of BOOKMARK events for watches that allow them.
     #[arg(long, env = "GANTRY_BOOKMARK_INTERVAL", default_value = "10s", value_parser = gantry_core::duration::parse_duration)]

@@ -44,6 +44,10 @@ async fn metrics_text(State(state): State<HttpState>) -> impl IntoResponse {
     let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
     state.metrics.watch_subscribers.set(gauge(state.hub.subscribers()));
     state.metrics.watch_cache_events.set(gauge(state.hub.retained()));
+    state
+        .metrics
+        .watch_cache_bytes
+        .set(i64::try_from(state.hub.retained_bytes()).unwrap_or(i64::MAX));
     state.metrics.watch_revision.set(state.hub.head());
     (
         [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],

@@ -1,59 +1,105 @@
-//! The watch cache: a bounded ring of the newest committed events, and a
-//! broadcast channel that fans each new event out to every subscriber.
+//! The watch cache: one ring of the newest committed events, bounded in
+//! events and in bytes, that every live subscriber reads from by revision.
 //!
 //! ```text
 //! writer (own commits) ──┐
-//!                        ├─► publish(contiguous events) ─► ring ─► broadcast ─► subscribers
-//! tailer (events table) ─┘         gap? wake the tailer
+//!                        ├─► publish(contiguous events) ─► ring ─► head ─► subscribers read
+//! tailer (events table) ─┘         gap? wake the tailer                    the ring by revision
 //! ```
 //!
-//! Publishing and subscribing happen under one lock, so a subscriber gets
-//! the retained events after its revision plus a receiver that starts right
-//! after them: no gap, no duplicate. The broadcast buffer is shared and
-//! bounded; a subscriber that falls further behind than it is told so
-//! (`Lagged`) and its stream ends, while the others are not slowed.
+//! A subscriber holds only its revision and a receiver of the head: the
+//! events themselves are shared (`Arc`) and held once, by the ring. A
+//! subscriber whose unread events exceed its budget (in events or in
+//! encoded bytes), or that the ring has moved past, is told so on its next
+//! read and its stream ends; the others are not slowed.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::{broadcast, Notify};
+use tokio::sync::{watch, Notify};
 
 use crate::storage::Event;
 
-/// Retained events after a revision, and a receiver for everything newer.
-pub type Subscription = (Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>);
+/// How much the cache holds and how far a subscriber may fall behind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HubLimits {
+    /// Events kept in the ring.
+    pub cache_events: usize,
+    /// Encoded bytes of the events kept in the ring (the newest event is
+    /// kept whatever its size).
+    pub cache_bytes: usize,
+    /// Unread events a subscriber may have before it is ended.
+    pub lag_events: usize,
+    /// Unread encoded bytes a subscriber may have before it is ended.
+    pub lag_bytes: usize,
+}
+
+/// What a subscriber's read found.
+#[derive(Debug, PartialEq)]
+pub enum Read {
+    /// The next events after the subscriber's revision.
+    Events(Vec<Arc<Event>>),
+    /// Nothing newer yet: wait for the head to move.
+    Wait,
+    /// The subscriber fell too far behind (its unread events or bytes are
+    /// over budget, or the ring no longer holds them).
+    TooSlow { events: i64, bytes: u64 },
+    /// The cache was reset: resume from the subscriber's revision.
+    Reset,
+}
+
+/// A subscriber's hold on the hub: the cache generation it follows and a
+/// receiver woken whenever the head moves.
+#[derive(Debug)]
+pub struct Subscription {
+    epoch: u64,
+    pub head: watch::Receiver<i64>,
+}
 
 #[derive(Debug)]
 struct Ring {
     events: VecDeque<Arc<Event>>,
+    /// Encoded bytes published up to and including each retained event.
+    offsets: VecDeque<u64>,
+    /// Bytes published before the oldest retained event.
+    base: u64,
     head: i64,
-    capacity: usize,
-    sender: broadcast::Sender<Arc<Event>>,
+    /// Bytes published up to the head.
+    head_offset: u64,
+    /// Bumped by [`WatchHub::reset`]; subscribers of an older epoch end.
+    epoch: u64,
+}
+
+impl Ring {
+    fn retained_bytes(&self) -> u64 {
+        self.head_offset - self.base
+    }
 }
 
 /// The store process's watch cache.
 #[derive(Debug)]
 pub struct WatchHub {
     ring: Mutex<Ring>,
-    broadcast_capacity: usize,
+    head_tx: watch::Sender<i64>,
+    limits: HubLimits,
     /// Wakes the tailer when a gap shows that another writer committed.
     pub wake_tailer: Arc<Notify>,
 }
 
 impl WatchHub {
-    /// A hub whose history starts at `head` (the current store revision),
-    /// retaining up to `capacity` events, with a per-subscriber lag budget
-    /// of `broadcast_capacity` events.
-    pub fn new(head: i64, capacity: usize, broadcast_capacity: usize) -> Self {
-        let (sender, _) = broadcast::channel(broadcast_capacity.max(1));
+    /// A hub whose history starts at `head` (the current store revision).
+    pub fn new(head: i64, limits: HubLimits) -> Self {
         Self {
             ring: Mutex::new(Ring {
-                events: VecDeque::with_capacity(capacity.min(4096)),
+                events: VecDeque::with_capacity(limits.cache_events.min(4096)),
+                offsets: VecDeque::with_capacity(limits.cache_events.min(4096)),
+                base: 0,
                 head,
-                capacity,
-                sender,
+                head_offset: 0,
+                epoch: 0,
             }),
-            broadcast_capacity: broadcast_capacity.max(1),
+            head_tx: watch::channel(head).0,
+            limits,
             wake_tailer: Arc::new(Notify::new()),
         }
     }
@@ -71,12 +117,17 @@ impl WatchHub {
 
     /// Number of live subscribers.
     pub fn subscribers(&self) -> usize {
-        self.lock().sender.receiver_count()
+        self.head_tx.receiver_count()
     }
 
     /// Number of events retained in the ring.
     pub fn retained(&self) -> usize {
         self.lock().events.len()
+    }
+
+    /// Encoded bytes of the events retained in the ring.
+    pub fn retained_bytes(&self) -> u64 {
+        self.lock().retained_bytes()
     }
 
     /// Publishes events in revision order. Already published ones are
@@ -95,31 +146,60 @@ impl WatchHub {
                 break;
             }
             ring.head = event.revision;
-            if ring.events.len() == ring.capacity {
+            ring.head_offset += event.size as u64;
+            let offset = ring.head_offset;
+            ring.events.push_back(event);
+            ring.offsets.push_back(offset);
+            while ring.events.len() > self.limits.cache_events.max(1)
+                || (ring.events.len() > 1 && ring.retained_bytes() > self.limits.cache_bytes as u64)
+            {
                 ring.events.pop_front();
+                if let Some(offset) = ring.offsets.pop_front() {
+                    ring.base = offset;
+                }
             }
-            if ring.capacity > 0 {
-                ring.events.push_back(event.clone());
-            }
-            // No receivers is fine: nobody is watching.
-            let _ = ring.sender.send(event);
             published += 1;
+        }
+        if published > 0 {
+            let head = ring.head;
+            drop(ring);
+            self.head_tx.send_replace(head);
         }
         published
     }
 
-    /// For a watch resuming after revision `after`: the retained events
-    /// after it and a receiver of everything later; `None` when the ring no
-    /// longer reaches back to `after` (read the database instead).
+    /// For a watch continuing after revision `after`: a subscription when
+    /// the ring reaches back to it, `None` otherwise (read the database).
     pub fn subscribe(&self, after: i64) -> Option<Subscription> {
         let ring = self.lock();
         let oldest = ring.events.front().map_or(ring.head + 1, |e| e.revision);
-        if after < oldest - 1 {
-            return None;
+        (after >= oldest - 1 && after <= ring.head)
+            .then(|| Subscription { epoch: ring.epoch, head: self.head_tx.subscribe() })
+    }
+
+    /// Up to `max` events after revision `after` for `subscription`.
+    pub fn read(&self, subscription: &Subscription, after: i64, max: usize) -> Read {
+        let ring = self.lock();
+        if ring.epoch != subscription.epoch {
+            return Read::Reset;
         }
-        let skip = usize::try_from(after - (oldest - 1)).unwrap_or(0).min(ring.events.len());
-        let backlog = ring.events.iter().skip(skip).cloned().collect();
-        Some((backlog, ring.sender.subscribe()))
+        if after >= ring.head {
+            return Read::Wait;
+        }
+        let events = ring.head - after;
+        let oldest = ring.events.front().map_or(ring.head + 1, |e| e.revision);
+        let Ok(skip) = usize::try_from(after - (oldest - 1)) else {
+            // The ring moved past this subscriber's position.
+            return Read::TooSlow { events, bytes: ring.retained_bytes() };
+        };
+        let read_up_to = if skip == 0 { ring.base } else { ring.offsets[skip - 1] };
+        let bytes = ring.head_offset - read_up_to;
+        if events > i64::try_from(self.limits.lag_events).unwrap_or(i64::MAX)
+            || bytes > self.limits.lag_bytes as u64
+        {
+            return Read::TooSlow { events, bytes };
+        }
+        Read::Events(ring.events.iter().skip(skip).take(max.max(1)).cloned().collect())
     }
 
     /// Forgets the retained history and ends every subscriber's stream (they
@@ -128,8 +208,12 @@ impl WatchHub {
     pub fn reset(&self, head: i64) {
         let mut ring = self.lock();
         ring.events.clear();
+        ring.offsets.clear();
+        ring.base = ring.head_offset;
         ring.head = head;
-        ring.sender = broadcast::channel(self.broadcast_capacity).0;
+        ring.epoch += 1;
+        drop(ring);
+        self.head_tx.send_replace(head);
     }
 }
 
@@ -138,36 +222,58 @@ mod tests {
     use super::*;
     use gantry_api::v1::{EventType, Gateway};
 
-    fn event(revision: i64) -> Arc<Event> {
+    fn sized(revision: i64, size: usize) -> Arc<Event> {
         Arc::new(Event {
             revision,
             kind: EventType::Modified,
             gateway: Arc::new(Gateway::default()),
             prev_labels: None,
+            size,
         })
     }
 
-    fn revisions(events: &[Arc<Event>]) -> Vec<i64> {
-        events.iter().map(|e| e.revision).collect()
+    fn event(revision: i64) -> Arc<Event> {
+        sized(revision, 10)
+    }
+
+    fn limits(cache_events: usize, lag_events: usize) -> HubLimits {
+        HubLimits { cache_events, cache_bytes: usize::MAX, lag_events, lag_bytes: usize::MAX }
+    }
+
+    fn revisions(read: Read) -> Vec<i64> {
+        match read {
+            Read::Events(events) => events.iter().map(|e| e.revision).collect(),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
-    fn subscribe_returns_backlog_then_live_without_gap_or_duplicate() {
-        let hub = WatchHub::new(10, 3, 16);
+    fn a_subscriber_reads_every_event_after_its_revision_without_gap_or_duplicate() {
+        let hub = WatchHub::new(10, limits(3, 100));
         assert_eq!(hub.publish((11..=14).map(event)), 4);
         assert_eq!(hub.head(), 14);
         assert!(hub.subscribe(10).is_none(), "11 fell out of the ring");
-        let (backlog, mut rx) = hub.subscribe(11).unwrap();
-        assert_eq!(revisions(&backlog), [12, 13, 14]);
-        let (backlog, _) = hub.subscribe(14).unwrap();
-        assert!(backlog.is_empty());
+        let sub = hub.subscribe(11).unwrap();
+        assert_eq!(revisions(hub.read(&sub, 11, 10)), [12, 13, 14]);
+        assert_eq!(revisions(hub.read(&sub, 12, 1)), [13]);
+        assert_eq!(hub.read(&sub, 14, 10), Read::Wait);
         hub.publish([event(15)]);
-        assert_eq!(rx.try_recv().unwrap().revision, 15);
+        assert_eq!(revisions(hub.read(&sub, 14, 10)), [15]);
+    }
+
+    #[test]
+    fn publishing_wakes_subscribers() {
+        let hub = WatchHub::new(0, limits(10, 100));
+        let mut sub = hub.subscribe(0).unwrap();
+        sub.head.borrow_and_update();
+        hub.publish([event(1)]);
+        assert!(sub.head.has_changed().unwrap());
+        assert_eq!(*sub.head.borrow_and_update(), 1);
     }
 
     #[test]
     fn duplicates_are_skipped_and_gaps_stop_publishing() {
-        let hub = WatchHub::new(0, 10, 16);
+        let hub = WatchHub::new(0, limits(10, 100));
         hub.publish([event(1), event(2)]);
         assert_eq!(hub.publish([event(2), event(4), event(5)]), 0);
         assert_eq!(hub.head(), 2);
@@ -175,19 +281,45 @@ mod tests {
     }
 
     #[test]
-    fn a_lagging_receiver_is_told() {
-        let hub = WatchHub::new(0, 10, 2);
-        let (_, mut rx) = hub.subscribe(0).unwrap();
+    fn a_subscriber_over_its_event_or_byte_budget_or_past_the_ring_is_too_slow() {
+        let hub = WatchHub::new(0, limits(10, 2));
+        let sub = hub.subscribe(0).unwrap();
         hub.publish((1..=5).map(event));
-        assert!(matches!(rx.try_recv(), Err(broadcast::error::TryRecvError::Lagged(_))));
+        assert_eq!(hub.read(&sub, 0, 10), Read::TooSlow { events: 5, bytes: 50 });
+        assert_eq!(revisions(hub.read(&sub, 3, 10)), [4, 5]);
+
+        let bytes = HubLimits { lag_bytes: 250, ..limits(10, 100) };
+        let hub = WatchHub::new(0, bytes);
+        let sub = hub.subscribe(0).unwrap();
+        hub.publish([sized(1, 100), sized(2, 100), sized(3, 100)]);
+        assert_eq!(hub.read(&sub, 0, 10), Read::TooSlow { events: 3, bytes: 300 });
+        assert_eq!(revisions(hub.read(&sub, 1, 10)), [2, 3]);
+
+        let hub = WatchHub::new(0, limits(2, 100));
+        let sub = hub.subscribe(0).unwrap();
+        hub.publish((1..=4).map(event));
+        assert!(matches!(hub.read(&sub, 0, 10), Read::TooSlow { events: 4, .. }));
     }
 
     #[test]
-    fn reset_closes_subscribers() {
-        let hub = WatchHub::new(0, 10, 4);
-        let (_, mut rx) = hub.subscribe(0).unwrap();
+    fn the_ring_is_bounded_in_bytes_but_keeps_the_newest_event() {
+        let hub = WatchHub::new(0, HubLimits { cache_bytes: 250, ..limits(100, 100) });
+        hub.publish([sized(1, 100), sized(2, 100), sized(3, 100)]);
+        assert_eq!((hub.retained(), hub.retained_bytes()), (2, 200));
+        hub.publish([sized(4, 1000)]);
+        assert_eq!((hub.retained(), hub.retained_bytes()), (1, 1000));
+        assert!(hub.subscribe(2).is_none());
+        assert!(hub.subscribe(3).is_some());
+    }
+
+    #[test]
+    fn reset_ends_subscribers() {
+        let hub = WatchHub::new(0, limits(10, 4));
+        let sub = hub.subscribe(0).unwrap();
         hub.reset(100);
-        assert!(matches!(rx.try_recv(), Err(broadcast::error::TryRecvError::Closed)));
+        assert_eq!(hub.read(&sub, 0, 10), Read::Reset);
         assert_eq!(hub.head(), 100);
+        let fresh = hub.subscribe(100).unwrap();
+        assert_eq!(hub.read(&fresh, 100, 10), Read::Wait);
     }
 }

@@ -36,7 +36,7 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 use crate::auth::{Auth, Authenticator};
 use crate::config::Config;
 use crate::conn::{ActiveCallsLayer, ConnectionLimits, Connections};
-use crate::hub::WatchHub;
+use crate::hub::{HubLimits, WatchHub};
 use crate::metrics::Metrics;
 use crate::service::GatewayApi;
 use crate::storage::{
@@ -118,8 +118,13 @@ impl Default for Limits {
 pub struct WatchSettings {
     /// Events kept in memory for resuming watches without a query.
     pub cache_events: usize,
+    /// Encoded bytes of the events kept in memory.
+    pub cache_bytes: usize,
     /// How far (in events) a subscriber may fall behind before it is ended.
     pub subscriber_buffer: usize,
+    /// How far (in encoded bytes) a subscriber may fall behind before it is
+    /// ended.
+    pub subscriber_bytes: usize,
     /// Interval of BOOKMARK events for watches that allow them.
     pub bookmark_interval: Duration,
     /// Event history kept in the database.
@@ -134,7 +139,9 @@ impl Default for WatchSettings {
     fn default() -> Self {
         Self {
             cache_events: 10_000,
+            cache_bytes: 64 << 20,
             subscriber_buffer: 4096,
+            subscriber_bytes: 16 << 20,
             bookmark_interval: Duration::from_secs(10),
             retention: Retention { max_events: 100_000, max_age_ms: 3_600_000 },
             compaction_interval: Duration::from_secs(60),
@@ -192,7 +199,9 @@ pub async fn settings_from_config(config: &Config) -> Result<Settings, ServeErro
     tracing::info!(database = %config::redact_url(&url), backend = storage.backend(), "database open");
     let watch = WatchSettings {
         cache_events: config.watch.watch_cache_events,
+        cache_bytes: config.watch.watch_cache_bytes,
         subscriber_buffer: config.watch.watch_buffer,
+        subscriber_bytes: config.watch.watch_buffer_bytes,
         bookmark_interval: config.watch.bookmark_interval,
         retention: Retention {
             max_events: i64::try_from(config.watch.history_max_events).unwrap_or(i64::MAX),
@@ -244,8 +253,12 @@ pub async fn serve(
     let head = settings.storage.current_revision().await?;
     let hub = Arc::new(WatchHub::new(
         head,
-        settings.watch.cache_events,
-        settings.watch.subscriber_buffer,
+        HubLimits {
+            cache_events: settings.watch.cache_events,
+            cache_bytes: settings.watch.cache_bytes,
+            lag_events: settings.watch.subscriber_buffer,
+            lag_bytes: settings.watch.subscriber_bytes,
+        },
     ));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let (writer, writer_task) = Writer::spawn(settings.storage.clone(), hub.clone());

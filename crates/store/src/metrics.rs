@@ -35,6 +35,8 @@ pub struct Metrics {
     pub watch_subscribers: Gauge,
     /// Events held in the watch cache.
     pub watch_cache_events: Gauge,
+    /// Encoded bytes of the events held in the watch cache.
+    pub watch_cache_bytes: Gauge,
     /// Newest revision published to watchers.
     pub watch_revision: Gauge,
     /// The gRPC listener's connections.
@@ -70,6 +72,12 @@ impl Default for Metrics {
             "Events held in the watch cache",
             watch_cache_events.clone(),
         );
+        let watch_cache_bytes = Gauge::default();
+        registry.register(
+            "watch_cache_bytes",
+            "Encoded bytes of the events held in the watch cache",
+            watch_cache_bytes.clone(),
+        );
         registry.register(
             "watch_revision",
             "Newest revision published to watchers",
@@ -103,6 +111,7 @@ impl Default for Metrics {
             latency,
             watch_subscribers,
             watch_cache_events,
+            watch_cache_bytes,
             watch_revision,
             connections,
         }

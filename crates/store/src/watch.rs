@@ -11,8 +11,10 @@
 //! ```
 //!
 //! The stream is pulled by the gRPC layer: nothing is buffered per
-//! subscriber beyond one page, and a subscriber that stops reading falls
-//! behind the shared broadcast buffer and is ended with RESOURCE_EXHAUSTED.
+//! subscriber beyond one page read from the database (bounded in bytes);
+//! live events are shared with the watch cache. A subscriber that stops
+//! reading falls behind its budget (events or bytes) and is ended with
+//! RESOURCE_EXHAUSTED when it next reads.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -20,16 +22,18 @@ use std::time::Duration;
 
 use gantry_api::v1::{EventType, Gateway, WatchEvent, WatchGatewaysRequest};
 use gantry_core::{validation, Selector};
-use tokio::sync::{broadcast, watch};
+use tokio::sync::watch;
 use tonic::{Code, Status};
 
 use crate::errors::{invalid, rule_status, storage_status, with_reason};
-use crate::hub::WatchHub;
+use crate::hub::{Read, Subscription, WatchHub};
 use crate::service::WatchStream;
 use crate::storage::{Event, Page, Storage, StorageError};
 
 /// Events read per query when a watch resumes from the events table.
 const CATCH_UP_PAGE: usize = 500;
+/// Events taken from the watch cache at a time.
+const LIVE_READ: usize = 64;
 /// Gateways read per query for `send_initial_events`.
 const INITIAL_PAGE: usize = 100;
 /// Encoded bytes a watch reads from the database at a time (at least one
@@ -137,7 +141,7 @@ struct State {
     last: i64,
     initial: Option<Initial>,
     pending: VecDeque<Arc<Event>>,
-    live: Option<broadcast::Receiver<Arc<Event>>>,
+    live: Option<Subscription>,
     bookmarks: Option<tokio::time::Interval>,
     stopping: bool,
     done: bool,
@@ -242,18 +246,6 @@ async fn next(s: &mut State) -> Option<Result<WatchEvent, Status>> {
             }
             continue;
         }
-        if s.stopping {
-            s.done = true;
-            return Some(Err(with_reason(
-                Code::Unavailable,
-                format!(
-                    "gateway-store is shutting down; resume the watch from revision {}",
-                    s.last
-                ),
-                REASON_SHUTTING_DOWN,
-                &[("resource_version", s.last.to_string())],
-            )));
-        }
         if s.live.is_none() {
             if let Err(status) = attach(s).await {
                 s.done = true;
@@ -264,40 +256,59 @@ async fn next(s: &mut State) -> Option<Result<WatchEvent, Status>> {
         let Some(live) = s.live.as_mut() else {
             continue;
         };
+        // Seen before reading: a publish after this read wakes the wait.
+        live.head.borrow_and_update();
+        match s.ctx.hub.read(live, s.last, LIVE_READ) {
+            Read::Events(events) => {
+                s.pending.extend(events);
+                continue;
+            }
+            Read::Wait if s.stopping => {
+                s.done = true;
+                return Some(Err(with_reason(
+                    Code::Unavailable,
+                    format!(
+                        "gateway-store is shutting down; resume the watch from revision {}",
+                        s.last
+                    ),
+                    REASON_SHUTTING_DOWN,
+                    &[("resource_version", s.last.to_string())],
+                )));
+            }
+            Read::Wait => {}
+            Read::TooSlow { events, bytes } => {
+                s.done = true;
+                return Some(Err(with_reason(
+                    Code::ResourceExhausted,
+                    format!(
+                        "watcher fell {events} events ({bytes} bytes) behind and was ended; resume the watch from revision {}",
+                        s.last
+                    ),
+                    REASON_TOO_SLOW,
+                    &[("resource_version", s.last.to_string())],
+                )));
+            }
+            Read::Reset => {
+                s.done = true;
+                return Some(Err(with_reason(
+                    Code::Unavailable,
+                    format!("the watch cache was reset; resume the watch from revision {}", s.last),
+                    REASON_SHUTTING_DOWN,
+                    &[("resource_version", s.last.to_string())],
+                )));
+            }
+        }
         let stop = crate::background::stopped(s.ctx.stop.clone());
         tokio::select! {
             biased;
-            () = stop => {
-                // Flush what was committed before the stop, then end.
-                while let Ok(event) = live.try_recv() {
-                    s.pending.push_back(event);
+            // Deliver what was committed before the stop, then end.
+            () = stop, if !s.stopping => s.stopping = true,
+            changed = live.head.changed() => {
+                if changed.is_err() {
+                    // The hub is gone: the store is stopping.
+                    s.stopping = true;
                 }
-                s.stopping = true;
             }
-            received = live.recv() => match received {
-                Ok(event) => s.pending.push_back(event),
-                Err(broadcast::error::RecvError::Lagged(missed)) => {
-                    s.done = true;
-                    return Some(Err(with_reason(
-                        Code::ResourceExhausted,
-                        format!(
-                            "watcher fell {missed} events behind and was ended; resume the watch from revision {}",
-                            s.last
-                        ),
-                        REASON_TOO_SLOW,
-                        &[("resource_version", s.last.to_string())],
-                    )));
-                }
-                Err(broadcast::error::RecvError::Closed) => {
-                    s.done = true;
-                    return Some(Err(with_reason(
-                        Code::Unavailable,
-                        format!("the watch cache was reset; resume the watch from revision {}", s.last),
-                        REASON_SHUTTING_DOWN,
-                        &[("resource_version", s.last.to_string())],
-                    )));
-                }
-            },
             _ = tick(&mut s.bookmarks) => {
                 return Some(Ok(event_out(EventType::Bookmark, None, s.last)));
             }
@@ -318,8 +329,7 @@ async fn tick(interval: &mut Option<tokio::time::Interval>) {
 /// stream goes live) or, for an older revision, the next page of the
 /// events table.
 async fn attach(s: &mut State) -> Result<(), Status> {
-    if let Some((backlog, live)) = s.ctx.hub.subscribe(s.last) {
-        s.pending.extend(backlog);
+    if let Some(live) = s.ctx.hub.subscribe(s.last) {
         s.live = Some(live);
         return Ok(());
     }
@@ -363,6 +373,7 @@ mod tests {
                 ..Default::default()
             }),
             prev_labels: prev.map(map),
+            size: 0,
         }
     }
 

@@ -45,6 +45,8 @@ pub struct Event {
     pub gateway: Arc<Gateway>,
     /// Labels before the change; `None` for ADDED.
     pub prev_labels: Option<BTreeMap<String, String>>,
+    /// Encoded size of the object, for the watch cache's byte budgets.
+    pub size: usize,
 }
 
 impl Event {
@@ -216,7 +218,8 @@ pub(crate) fn decode_event(
             ObjectMeta::decode(bytes).map(|m| m.labels).map_err(|e| corrupt(e.to_string()))
         })
         .transpose()?;
-    Ok(Arc::new(Event { revision, kind, gateway: Arc::new(decode(name, object)?), prev_labels }))
+    let gateway = Arc::new(decode(name, object)?);
+    Ok(Arc::new(Event { revision, kind, gateway, prev_labels, size: object.len() }))
 }
 
 /// SQL shared by both backends (`$N` placeholders work on SQLite too);
@@ -376,8 +379,14 @@ pub(crate) fn plan_batch(
         revision += 1;
         gateway.metadata.get_or_insert_with(Default::default).resource_version = revision;
         let bytes = gateway.encode_to_vec();
-        let event =
-            Arc::new(Event { revision, kind, gateway: Arc::new(gateway.clone()), prev_labels });
+        let size = bytes.len();
+        let event = Arc::new(Event {
+            revision,
+            kind,
+            gateway: Arc::new(gateway.clone()),
+            prev_labels,
+            size,
+        });
         last_change.insert(name, events.len());
         events.push(EventRow { event: event.clone(), bytes, prev });
         results.push(Ok(Committed { gateway, event: Some(event) }));

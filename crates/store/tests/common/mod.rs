@@ -141,6 +141,8 @@ pub struct TestStore {
     pub http: SocketAddr,
     pub storage: Arc<dyn Storage>,
     pub backend: Backend,
+    /// The watch settings it runs with.
+    pub watch: WatchSettings,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
     pub database: Arc<TestDatabase>,
@@ -181,7 +183,7 @@ impl TestStore {
             storage: storage.clone(),
             auth: Arc::new(Auth::new(auth)),
             tls: None,
-            watch,
+            watch: watch.clone(),
             limits: Default::default(),
         };
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -200,6 +202,7 @@ impl TestStore {
             http: http_addr,
             storage,
             backend,
+            watch,
             stop: Some(stop),
             task: Some(task),
             database,
