@@ -16,6 +16,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .btree_map(".")
         .compile_well_known_types(false)
         .codec_path("crate::codec::StrictCodec")
+        // Hand-written (src/watch_event.rs): it can carry a pre-encoded gateway.
+        .extern_path(".gantry.v1.WatchEvent", "crate::watch_event::WatchEvent")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -8,10 +8,12 @@
 #![allow(missing_docs, missing_debug_implementations, clippy::all)]
 
 pub mod codec;
+mod watch_event;
 
 /// Version 1 of the gantry API.
 pub mod v1 {
     tonic::include_proto!("gantry.v1");
+    pub use crate::watch_event::WatchEvent;
 
     /// Encoded `FileDescriptorSet` of the API, served by gRPC reflection.
     pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("gantry_descriptor");

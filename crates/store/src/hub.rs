@@ -146,7 +146,7 @@ impl WatchHub {
                 break;
             }
             ring.head = event.revision;
-            ring.head_offset += event.size as u64;
+            ring.head_offset += event.size() as u64;
             let offset = ring.head_offset;
             ring.events.push_back(event);
             ring.offsets.push_back(offset);
@@ -223,13 +223,8 @@ mod tests {
     use gantry_api::v1::{EventType, Gateway};
 
     fn sized(revision: i64, size: usize) -> Arc<Event> {
-        Arc::new(Event {
-            revision,
-            kind: EventType::Modified,
-            gateway: Arc::new(Gateway::default()),
-            prev_labels: None,
-            size,
-        })
+        let encoded = vec![0u8; size].into();
+        Arc::new(Event::new(revision, EventType::Modified, &Gateway::default(), None, encoded))
     }
 
     fn event(revision: i64) -> Arc<Event> {

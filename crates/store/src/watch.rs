@@ -148,11 +148,17 @@ struct State {
 }
 
 fn event_out(kind: EventType, gateway: Option<Gateway>, revision: i64) -> WatchEvent {
+    WatchEvent { r#type: kind as i32, gateway, resource_version: revision, ..Default::default() }
+}
+
+/// A committed change as sent: the object's bytes as encoded at commit,
+/// shared with every other subscriber.
+fn change_out(kind: EventType, event: &Event) -> WatchEvent {
     WatchEvent {
         r#type: kind as i32,
-        gateway,
-        resource_version: revision,
-        initial_events_end: false,
+        encoded_gateway: Some(event.encoded.clone()),
+        resource_version: event.revision,
+        ..Default::default()
     }
 }
 
@@ -242,7 +248,7 @@ async fn next(s: &mut State) -> Option<Result<WatchEvent, Status>> {
             }
             s.last = event.revision;
             if let Some(kind) = s.filter.apply(&event) {
-                return Some(Ok(event_out(kind, Some((*event.gateway).clone()), event.revision)));
+                return Some(Ok(change_out(kind, &event)));
             }
             continue;
         }
@@ -361,20 +367,15 @@ mod tests {
     ) -> Event {
         let map =
             |l: &[(&str, &str)]| l.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        Event {
-            revision: 5,
-            kind,
-            gateway: Arc::new(Gateway {
-                metadata: Some(ObjectMeta {
-                    name: name.into(),
-                    labels: map(labels),
-                    ..Default::default()
-                }),
+        let gateway = Gateway {
+            metadata: Some(ObjectMeta {
+                name: name.into(),
+                labels: map(labels),
                 ..Default::default()
             }),
-            prev_labels: prev.map(map),
-            size: 0,
-        }
+            ..Default::default()
+        };
+        Event::new(5, kind, &gateway, prev.map(map), Default::default())
     }
 
     fn filter(selector: &str, name: &str) -> Filter {
@@ -411,6 +412,23 @@ mod tests {
             Some(EventType::Deleted)
         );
         assert_eq!(f.apply(&event(EventType::Deleted, "a", dev, Some(dev))), None);
+    }
+
+    #[test]
+    fn every_subscriber_sends_the_bytes_encoded_at_commit() {
+        let gateway = Gateway {
+            metadata: Some(ObjectMeta { name: "edge".into(), ..Default::default() }),
+            ..Default::default()
+        };
+        let encoded = prost::bytes::Bytes::from(prost::Message::encode_to_vec(&gateway));
+        let event = Event::new(7, EventType::Modified, &gateway, None, encoded);
+        let (a, b) =
+            (change_out(EventType::Modified, &event), change_out(EventType::Added, &event));
+        for out in [a, b] {
+            let shared = out.encoded_gateway.unwrap();
+            assert_eq!(shared.as_ptr(), event.encoded.as_ptr(), "a copy, not the shared bytes");
+            assert_eq!(out.resource_version, 7);
+        }
     }
 
     #[test]

@@ -15,6 +15,7 @@ use std::sync::Arc;
 
 use gantry_api::v1::{EventType, Gateway, ObjectMeta};
 use gantry_core::{RuleError, Write};
+use prost::bytes::Bytes;
 use prost::Message;
 
 pub mod postgres;
@@ -36,26 +37,54 @@ impl std::fmt::Debug for PendingWrite {
     }
 }
 
-/// One committed change, as the watch delivers it.
+/// One committed change, as the watch delivers it: what subscribers'
+/// filters read, and the object's encoding, made once and sent as is to
+/// every subscriber.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
     pub revision: i64,
     pub kind: EventType,
-    /// The object after the change (for DELETED, its last state).
-    pub gateway: Arc<Gateway>,
+    pub name: String,
+    /// Labels after the change (for DELETED, the last ones).
+    pub labels: BTreeMap<String, String>,
     /// Labels before the change; `None` for ADDED.
     pub prev_labels: Option<BTreeMap<String, String>>,
-    /// Encoded size of the object, for the watch cache's byte budgets.
-    pub size: usize,
+    /// The protobuf encoding of the object after the change (for DELETED,
+    /// its last state).
+    pub encoded: Bytes,
 }
 
 impl Event {
+    /// An event of `gateway` and its encoding.
+    pub fn new(
+        revision: i64,
+        kind: EventType,
+        gateway: &Gateway,
+        prev_labels: Option<BTreeMap<String, String>>,
+        encoded: Bytes,
+    ) -> Self {
+        let meta = gateway.metadata.as_ref();
+        Self {
+            revision,
+            kind,
+            name: meta.map(|m| m.name.clone()).unwrap_or_default(),
+            labels: meta.map(|m| m.labels.clone()).unwrap_or_default(),
+            prev_labels,
+            encoded,
+        }
+    }
+
     pub fn name(&self) -> &str {
-        self.gateway.metadata.as_ref().map_or("", |m| m.name.as_str())
+        &self.name
     }
 
     pub fn labels(&self) -> Option<&BTreeMap<String, String>> {
-        self.gateway.metadata.as_ref().map(|m| &m.labels)
+        Some(&self.labels)
+    }
+
+    /// Encoded size of the object, for the watch cache's byte budgets.
+    pub fn size(&self) -> usize {
+        self.encoded.len()
     }
 }
 
@@ -218,8 +247,8 @@ pub(crate) fn decode_event(
             ObjectMeta::decode(bytes).map(|m| m.labels).map_err(|e| corrupt(e.to_string()))
         })
         .transpose()?;
-    let gateway = Arc::new(decode(name, object)?);
-    Ok(Arc::new(Event { revision, kind, gateway, prev_labels, size: object.len() }))
+    let gateway = decode(name, object)?;
+    Ok(Arc::new(Event::new(revision, kind, &gateway, prev_labels, Bytes::copy_from_slice(object))))
 }
 
 /// SQL shared by both backends (`$N` placeholders work on SQLite too);
@@ -303,13 +332,20 @@ impl<'a> RowColumns<'a> {
     }
 }
 
-/// An event as stored: the event, the encoding of its object and of the
-/// object before the change (`None` for ADDED).
+/// An event as a batch plans it: the event, its object and the encoding
+/// of the object before the change (`None` for ADDED).
 #[derive(Debug)]
 pub(crate) struct EventRow {
     pub event: Arc<Event>,
-    pub bytes: Vec<u8>,
+    pub gateway: Gateway,
     pub prev: Option<Vec<u8>>,
+}
+
+impl EventRow {
+    /// The encoding of the object after the change.
+    pub fn bytes(&self) -> &[u8] {
+        &self.event.encoded
+    }
 }
 
 /// What a batch's rules decided: the answer to each write, the rows and
@@ -326,8 +362,8 @@ impl BatchPlan {
     /// What to store in `row`: the object and its encoding, or `None` when
     /// its last change removed it.
     pub fn after(&self, row: &RowWrite) -> Option<(&Gateway, &[u8])> {
-        let EventRow { event, bytes, .. } = &self.events[row.last];
-        (event.kind != EventType::Deleted).then(|| (event.gateway.as_ref(), bytes.as_slice()))
+        let EventRow { event, gateway, .. } = &self.events[row.last];
+        (event.kind != EventType::Deleted).then(|| (gateway, event.encoded.as_ref()))
     }
 }
 
@@ -349,8 +385,8 @@ pub(crate) fn plan_batch(
     for PendingWrite { name, mutation } in writes {
         let state = match last_change.get(&name) {
             Some(&i) => {
-                let event = &events[i].event;
-                (event.kind != EventType::Deleted).then_some(event.gateway.as_ref())
+                let row = &events[i];
+                (row.event.kind != EventType::Deleted).then_some(&row.gateway)
             }
             None => match stored.get(&name) {
                 Some(Ok(g)) => Some(g),
@@ -378,17 +414,10 @@ pub(crate) fn plan_batch(
         };
         revision += 1;
         gateway.metadata.get_or_insert_with(Default::default).resource_version = revision;
-        let bytes = gateway.encode_to_vec();
-        let size = bytes.len();
-        let event = Arc::new(Event {
-            revision,
-            kind,
-            gateway: Arc::new(gateway.clone()),
-            prev_labels,
-            size,
-        });
+        let encoded = Bytes::from(gateway.encode_to_vec());
+        let event = Arc::new(Event::new(revision, kind, &gateway, prev_labels, encoded));
         last_change.insert(name, events.len());
-        events.push(EventRow { event: event.clone(), bytes, prev });
+        events.push(EventRow { event: event.clone(), gateway: gateway.clone(), prev });
         results.push(Ok(Committed { gateway, event: Some(event) }));
     }
     let rows = last_change

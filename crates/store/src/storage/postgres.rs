@@ -151,7 +151,7 @@ impl Storage for PostgresStorage {
             .bind(events.iter().map(|e| e.event.revision).collect::<Vec<_>>())
             .bind(events.iter().map(|e| e.event.kind as i32).collect::<Vec<_>>())
             .bind(events.iter().map(|e| e.event.name()).collect::<Vec<_>>())
-            .bind(events.iter().map(|e| e.bytes.as_slice()).collect::<Vec<_>>())
+            .bind(events.iter().map(super::EventRow::bytes).collect::<Vec<_>>())
             .bind(vec![now; events.len()])
             .bind(
                 events

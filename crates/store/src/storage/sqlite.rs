@@ -126,12 +126,12 @@ impl Storage for SqliteStorage {
             }
         }
         let now = now_ms();
-        for super::EventRow { event, bytes, prev } in &plan.events {
+        for row @ super::EventRow { event, prev, .. } in &plan.events {
             sqlx::query(INSERT_EVENT)
                 .bind(event.revision)
                 .bind(event.kind as i32)
                 .bind(event.name())
-                .bind(bytes.as_slice())
+                .bind(row.bytes())
                 .bind(now)
                 .bind(event.prev_labels.as_ref().map(encode_labels))
                 .bind(prev.as_deref())
