@@ -459,3 +459,46 @@ async fn watches_that_do_not_read_hold_bounded_memory() {
     drop(store);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A conditional update that times out while the database is locked stays
+/// queued in the store and commits once the lock is released: its outcome
+/// was unknown to the client. gantry-client's write helper reads back,
+/// finds the old version, sends it again, and the condition lets only one
+/// commit: the answer is ABORTED (read again), and the change is applied
+/// exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_of_unknown_outcome_is_resolved_by_reading_back_and_applied_once() {
+    use sqlx::Connection;
+    let (dir, url, store, config) = sqlite_store("unknown-outcome", &["--request-timeout", "1s"]);
+    let mut client = gantry_client::connect(&config).await.unwrap();
+    let created =
+        client.create_gateway(CreateGatewayRequest { gateway: Some(gateway("g")) }).await.unwrap();
+    let created = created.into_inner().metadata.unwrap();
+
+    let mut locker = sqlx::SqliteConnection::connect(&url).await.unwrap();
+    sqlx::query("BEGIN EXCLUSIVE").execute(&mut locker).await.unwrap();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
+    });
+    let mut change = gateway("g");
+    change.metadata.as_mut().unwrap().resource_version = created.resource_version;
+    change.spec.as_mut().unwrap().image = "ghcr.io/acme/gw:2".into();
+    let request = gantry_api::v1::UpdateGatewayRequest {
+        gateway: Some(change),
+        update_mask: Some(prost_types::FieldMask { paths: vec!["spec".into()] }),
+    };
+    let answer = gantry_client::write::update_gateway(&mut client, request).await;
+    release.await.unwrap();
+    let status = answer.expect_err("the first attempt commits late; the second must conflict");
+    assert_eq!(status.code(), Code::Aborted, "{status:?}");
+
+    let stored =
+        client.get_gateway(GetGatewayRequest { name: "g".into() }).await.unwrap().into_inner();
+    assert_eq!(stored.spec.unwrap().image, "ghcr.io/acme/gw:2");
+    let meta = stored.metadata.unwrap();
+    assert_eq!(meta.generation, created.generation + 1, "the change was applied exactly once");
+    assert_eq!(meta.resource_version, created.resource_version + 1);
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+}

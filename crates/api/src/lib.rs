@@ -20,3 +20,27 @@ pub mod v1 {
 }
 
 pub use prost_types;
+
+/// `google.rpc.ErrorInfo` of gantry's errors: the domain and the reasons a
+/// client acts on. Named here once for the store and every client.
+pub mod reasons {
+    /// `ErrorInfo.domain` of every gantry error.
+    pub const ERROR_DOMAIN: &str = "gantry.dev";
+    /// OUT_OF_RANGE: the revision asked for (to watch from, or of a page
+    /// token) is older than the retained history: relist, then watch from
+    /// the listed revision.
+    pub const REVISION_COMPACTED: &str = "REVISION_COMPACTED";
+    /// OUT_OF_RANGE: a revision the store has not reached (of another
+    /// store, or of this one before a restore): relist. etcd answers
+    /// "required revision is a future revision".
+    pub const REVISION_FUTURE: &str = "REVISION_FUTURE";
+    /// RESOURCE_EXHAUSTED: a watcher fell behind its budget: resume.
+    pub const WATCHER_TOO_SLOW: &str = "WATCHER_TOO_SLOW";
+    /// UNAVAILABLE: the store is shutting down: resume elsewhere.
+    pub const STORE_SHUTTING_DOWN: &str = "STORE_SHUTTING_DOWN";
+    /// UNAVAILABLE: the commit was sent and failed on the way; it may have
+    /// committed (read back before retrying).
+    pub const COMMIT_OUTCOME_UNKNOWN: &str = "COMMIT_OUTCOME_UNKNOWN";
+    /// UNAVAILABLE: nothing was written; retrying is safe.
+    pub const NOT_COMMITTED: &str = "NOT_COMMITTED";
+}

@@ -7,10 +7,14 @@
 //!   list, watch from the listed revision, resume after a disconnect from
 //!   the last revision seen, relist when that revision was compacted, with
 //!   jittered backoff in between.
+//! - [`write::update_gateway`]: an update whose outcome is unknown (the
+//!   store or the connection failed after the commit may have landed) is
+//!   resolved by reading back, never applied twice.
 
 #![forbid(unsafe_code)]
 
 pub mod watch;
+pub mod write;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

@@ -75,7 +75,8 @@ pub fn is_compacted(status: &Status) -> bool {
     use tonic_types::StatusExt as _;
     status.code() == Code::OutOfRange
         && status.get_details_error_info().is_some_and(|info| {
-            info.reason == "REVISION_COMPACTED" || info.reason == "REVISION_FUTURE"
+            use gantry_api::reasons::{REVISION_COMPACTED, REVISION_FUTURE};
+            info.reason == REVISION_COMPACTED || info.reason == REVISION_FUTURE
         })
 }
 

@@ -58,7 +58,9 @@ impl GatewayStore for GrpcStore {
             gateway: Some(gateway),
             update_mask: Some(FieldMask { paths: paths.iter().map(|p| p.to_string()).collect() }),
         };
-        Ok(self.client.clone().update_gateway(request).await?.into_inner())
+        // Status writes are conditional: an unknown outcome is resolved by
+        // reading back, never applied twice.
+        gantry_client::write::update_gateway(&mut self.client.clone(), request).await
     }
 
     fn watch(&self) -> BoxStream<'static, Result<WatchUpdate, Status>> {

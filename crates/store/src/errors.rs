@@ -9,8 +9,7 @@ use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 
 use crate::storage::StorageError;
 
-/// Domain of the `google.rpc.ErrorInfo` details gantry sends.
-pub const ERROR_DOMAIN: &str = "gantry.dev";
+pub use gantry_api::reasons::ERROR_DOMAIN;
 
 /// Longest message, field and description sent back, and most field
 /// violations listed: errors echo parts of the request, and an answer must
@@ -115,17 +114,28 @@ pub fn storage_status(err: StorageError) -> Status {
         StorageError::Rule(rule) => rule_status(&rule),
         StorageError::Database(e) => {
             tracing::warn!(error = %e, "database error");
-            Status::unavailable(format!(
-                "database unavailable: {e}; nothing was written, retry later"
-            ))
+            with_reason(
+                Code::Unavailable,
+                format!("database unavailable: {e}; nothing was written, retry later"),
+                REASON_NOT_COMMITTED,
+                &[],
+            )
         }
-        StorageError::NotCommitted(reason) => Status::unavailable(format!(
-            "the write did not commit ({reason}); nothing was written, retry later"
-        )),
+        StorageError::NotCommitted(reason) => with_reason(
+            Code::Unavailable,
+            format!("the write did not commit ({reason}); nothing was written, retry later"),
+            REASON_NOT_COMMITTED,
+            &[],
+        ),
         // Not "nothing was written": the commit may have landed.
-        StorageError::CommitUnknown(reason) => Status::unavailable(format!(
-            "the write's outcome is unknown ({reason}): it may have committed; read the gateway again before retrying"
-        )),
+        StorageError::CommitUnknown(reason) => with_reason(
+            Code::Unavailable,
+            format!(
+                "the write's outcome is unknown ({reason}): it may have committed; read the gateway again before retrying"
+            ),
+            REASON_OUTCOME_UNKNOWN,
+            &[],
+        ),
         StorageError::Compacted { requested, compacted } => with_reason(
             Code::OutOfRange,
             format!("{err}; list again and watch from the listed revision"),
@@ -151,14 +161,10 @@ pub fn storage_status(err: StorageError) -> Status {
     }
 }
 
-/// `google.rpc.ErrorInfo.reason` of OUT_OF_RANGE: the revision asked for
-/// (to watch from, or of a page token) is older than the retained history.
-/// Relist, then watch from the listed revision.
-pub const REASON_COMPACTED: &str = "REVISION_COMPACTED";
-/// Reason of OUT_OF_RANGE for a revision the store has not reached (the
-/// client holds a revision of another store, or of this one before a
-/// restore): relist. etcd answers "required revision is a future revision".
-pub const REASON_FUTURE: &str = "REVISION_FUTURE";
+pub use gantry_api::reasons::{
+    COMMIT_OUTCOME_UNKNOWN as REASON_OUTCOME_UNKNOWN, NOT_COMMITTED as REASON_NOT_COMMITTED,
+    REVISION_COMPACTED as REASON_COMPACTED, REVISION_FUTURE as REASON_FUTURE,
+};
 
 /// A status with `google.rpc.ErrorInfo` of gantry's domain.
 pub fn with_reason(
@@ -191,6 +197,8 @@ mod tests {
         assert!(before.message().contains("nothing was written"), "{before:?}");
         let during = storage_status(StorageError::CommitUnknown("connection reset".into()));
         assert_eq!(during.code(), Code::Unavailable);
+        assert_eq!(during.get_details_error_info().unwrap().reason, REASON_OUTCOME_UNKNOWN);
+        assert_eq!(before.get_details_error_info().unwrap().reason, REASON_NOT_COMMITTED);
         assert!(!during.message().contains("nothing was written"), "{during:?}");
         assert!(during.message().contains("read the gateway again"), "{during:?}");
     }

@@ -40,10 +40,9 @@ const INITIAL_PAGE: usize = 100;
 /// object): what a subscriber holds beyond the shared watch cache.
 pub const WATCH_PAGE_BYTES: usize = 256 * 1024;
 
-/// Reason of RESOURCE_EXHAUSTED for a subscriber that fell behind: resume.
-pub const REASON_TOO_SLOW: &str = "WATCHER_TOO_SLOW";
-/// Reason of UNAVAILABLE when the store shuts down: resume elsewhere.
-pub const REASON_SHUTTING_DOWN: &str = "STORE_SHUTTING_DOWN";
+pub use gantry_api::reasons::{
+    STORE_SHUTTING_DOWN as REASON_SHUTTING_DOWN, WATCHER_TOO_SLOW as REASON_TOO_SLOW,
+};
 
 /// Which events a subscriber wants.
 #[derive(Debug, Clone, Default)]
