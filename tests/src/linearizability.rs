@@ -86,6 +86,41 @@ fn search<M: Model>(
     false
 }
 
+/// The store-wide revision across keys: every acknowledged write made a
+/// revision no other write made, and a write that returned before another
+/// was called made a lower one. `writes` are (call, return, revision).
+/// Returns the first violation found.
+pub fn revisions_unique_and_in_real_time_order(writes: &[(u64, u64, i64)]) -> Result<(), String> {
+    let mut seen = HashSet::new();
+    for (_, _, revision) in writes {
+        if !seen.insert(*revision) {
+            return Err(format!("revision {revision} was made by two writes"));
+        }
+    }
+    let mut by_return: Vec<&(u64, u64, i64)> = writes.iter().collect();
+    by_return.sort_by_key(|w| w.1);
+    let mut by_call: Vec<&(u64, u64, i64)> = writes.iter().collect();
+    by_call.sort_by_key(|w| w.0);
+    // Sweep the writes by call time, keeping the highest revision of the
+    // writes that returned before it.
+    let (mut returned, mut highest) = (0, None::<i64>);
+    for w in by_call {
+        while returned < by_return.len() && by_return[returned].1 < w.0 {
+            highest = highest.max(Some(by_return[returned].2));
+            returned += 1;
+        }
+        if let Some(h) = highest {
+            if w.2 <= h {
+                return Err(format!(
+                    "revision {} was made by a write called after one that made {h} had returned",
+                    w.2
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Calls on one gateway, as a client sees them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Call {
@@ -119,7 +154,15 @@ pub enum Answer {
     AlreadyExists,
     /// The precondition did not match.
     Conflict,
+    /// A write whose answer never came (the store was killed with it in
+    /// flight): it may or may not have taken effect. Recorded as returning
+    /// never, so that "not applied" is a linearization with it last.
+    Maybe,
 }
+
+/// The resource_version of a state written by a [`Answer::Maybe`] write:
+/// unknown until a read shows it.
+pub const UNKNOWN_RV: i64 = -1;
 
 /// One gateway as a register of (image, resource_version).
 #[derive(Debug, Clone, Copy, Default)]
@@ -135,8 +178,29 @@ impl Model for GatewayModel {
     }
 
     fn step(&self, state: &Self::State, input: &Call, output: &Answer) -> Option<Self::State> {
-        let matches = |precondition: i64, rv: i64| precondition == 0 || precondition == rv;
+        // An unknown version may be the one the precondition names, or not.
+        let matches = |precondition: i64, rv: i64| {
+            precondition == 0 || precondition == rv || rv == UNKNOWN_RV
+        };
+        let differs = |precondition: i64, rv: i64| {
+            precondition != 0 && (precondition != rv || rv == UNKNOWN_RV)
+        };
         match (input, output, state) {
+            // A write that may have happened, as if it happened here.
+            (Call::Create { image }, Answer::Maybe, None) => {
+                Some(Some((image.clone(), UNKNOWN_RV)))
+            }
+            (Call::Update { image, precondition }, Answer::Maybe, Some((_, rv)))
+                if matches(*precondition, *rv) =>
+            {
+                Some(Some((image.clone(), UNKNOWN_RV)))
+            }
+            (Call::Delete { precondition }, Answer::Maybe, Some((_, rv)))
+                if matches(*precondition, *rv) =>
+            {
+                Some(None)
+            }
+            (_, Answer::Maybe, _) => Some(state.clone()),
             (Call::Create { .. }, Answer::AlreadyExists, Some(_)) => Some(state.clone()),
             (Call::Create { image }, Answer::Written { resource_version }, None) => {
                 Some(Some((image.clone(), *resource_version)))
@@ -149,7 +213,7 @@ impl Model for GatewayModel {
                 Some(Some((image.clone(), *resource_version)))
             }
             (Call::Update { precondition, .. }, Answer::Conflict, Some((_, rv)))
-                if !matches(*precondition, *rv) =>
+                if differs(*precondition, *rv) =>
             {
                 Some(state.clone())
             }
@@ -157,9 +221,9 @@ impl Model for GatewayModel {
                 Some(None)
             }
             (Call::Get, Answer::Read { image, resource_version }, Some((i, rv)))
-                if image == i && resource_version == rv =>
+                if image == i && (resource_version == rv || *rv == UNKNOWN_RV) =>
             {
-                Some(state.clone())
+                Some(Some((i.clone(), *resource_version)))
             }
             (Call::Delete { precondition }, Answer::Deleted, Some((_, rv)))
                 if matches(*precondition, *rv) =>
@@ -167,7 +231,7 @@ impl Model for GatewayModel {
                 Some(None)
             }
             (Call::Delete { precondition }, Answer::Conflict, Some((_, rv)))
-                if !matches(*precondition, *rv) =>
+                if differs(*precondition, *rv) =>
             {
                 Some(state.clone())
             }
@@ -242,6 +306,27 @@ mod tests {
         let mut fixed = history.clone();
         fixed[2].output = Answer::Conflict;
         assert_eq!(linearize(&GatewayModel, &fixed), Some(vec![0, 1, 2]));
+    }
+
+    #[test]
+    fn a_write_that_may_have_happened_is_either_applied_or_last() {
+        let maybe =
+            op(2, u64::MAX, Call::Update { image: "b".into(), precondition: 0 }, Answer::Maybe);
+        let base = op(0, 1, create("a"), Answer::Written { resource_version: 1 });
+        for seen in [read("a", 1), read("b", 7)] {
+            let history = vec![base.clone(), maybe.clone(), op(3, 4, Call::Get, seen)];
+            assert!(linearize(&GatewayModel, &history).is_some());
+        }
+        // It cannot have written a value nobody sent.
+        let history = vec![base, maybe, op(3, 4, Call::Get, read("c", 7))];
+        assert!(linearize(&GatewayModel, &history).is_none());
+    }
+
+    #[test]
+    fn revisions_repeated_or_out_of_real_time_order_are_caught() {
+        assert!(revisions_unique_and_in_real_time_order(&[(0, 1, 5), (2, 3, 6), (1, 4, 4)]).is_ok());
+        assert!(revisions_unique_and_in_real_time_order(&[(0, 1, 5), (2, 3, 5)]).is_err());
+        assert!(revisions_unique_and_in_real_time_order(&[(0, 1, 6), (2, 3, 5)]).is_err());
     }
 
     #[test]

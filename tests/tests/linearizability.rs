@@ -1,20 +1,27 @@
 //! Linearizability of gateway-store: 8 clients run random creates,
 //! conditional and unconditional updates, gets and deletes on a few shared
-//! gateways; the recorded history is checked against a sequential model
-//! (`gantry_e2e::linearizability`). The same check must reject the history
-//! once a stale read is injected into it, so the test can fail.
+//! gateways, while a store process is killed and restarted in the middle;
+//! on PostgreSQL the clients are spread over two replicas. Each key's
+//! history, closed by a final read, is checked against a sequential model
+//! (`gantry_e2e::linearizability`), and the revisions of all writes must be
+//! unique and in real-time order across keys. The same checks must reject
+//! the history once a stale read, a lost final write or a repeated
+//! revision is injected into it, so the test can fail.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use gantry_api::v1::{
     CreateGatewayRequest, DeleteGatewayRequest, Gateway, GatewaySpec, GetGatewayRequest,
     ObjectMeta, UpdateGatewayRequest,
 };
 use gantry_client::{ClientConfig, GatewayClient};
-use gantry_e2e::linearizability::{linearize, Answer, Call, GatewayModel, Operation};
+use gantry_e2e::linearizability::{
+    linearize, revisions_unique_and_in_real_time_order, Answer, Call, GatewayModel, Operation,
+};
 use gantry_e2e::{temp_dir, StoreProcess, TempPostgres};
 use prost_types::FieldMask;
 use tonic::Code;
@@ -37,7 +44,9 @@ fn rv(g: &Gateway) -> i64 {
     g.metadata.as_ref().map_or(0, |m| m.resource_version)
 }
 
-async fn run(client: &mut GatewayClient, key: &str, call: &Call) -> Answer {
+/// What a call answered; `None` when it never reached the store (nothing
+/// to record).
+async fn run(client: &mut GatewayClient, key: &str, call: &Call) -> Option<Answer> {
     let written = |r: Result<tonic::Response<Gateway>, tonic::Status>| match r {
         Ok(g) => Ok(Answer::Written { resource_version: rv(g.get_ref()) }),
         Err(s) => Err(s),
@@ -72,23 +81,32 @@ async fn run(client: &mut GatewayClient, key: &str, call: &Call) -> Answer {
             .map(|_| Answer::Deleted),
     };
     match result {
-        Ok(answer) => answer,
-        Err(s) if s.code() == Code::NotFound => Answer::NotFound,
-        Err(s) if s.code() == Code::AlreadyExists => Answer::AlreadyExists,
-        Err(s) if s.code() == Code::Aborted => Answer::Conflict,
+        Ok(answer) => Some(answer),
+        Err(s) if s.code() == Code::NotFound => Some(Answer::NotFound),
+        Err(s) if s.code() == Code::AlreadyExists => Some(Answer::AlreadyExists),
+        Err(s) if s.code() == Code::Aborted => Some(Answer::Conflict),
+        // The store is down (restarting): the call never left.
+        Err(s) if format!("{s:?}").contains("Connection refused") => None,
+        // Cut off in flight by the kill: a write may have committed.
+        Err(s) if matches!(s.code(), Code::Unavailable | Code::Unknown | Code::Cancelled) => {
+            (!matches!(call, Call::Get)).then_some(Answer::Maybe)
+        }
         Err(s) => panic!("{call:?} on {key}: unexpected {:?}: {}", s.code(), s.message()),
     }
 }
 
-async fn record_history(endpoint: String) -> History {
+/// Runs the clients (client `c` on `endpoints[c % len]`) and, once half
+/// the operations are done, kills and restarts `restart`; then reads every
+/// key once more.
+async fn record_history(endpoints: Vec<String>, restart: &mut StoreProcess) -> History {
     let epoch = Instant::now();
     let history: Arc<Mutex<History>> = Arc::default();
+    let done = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {
-        let history = history.clone();
-        let mut client = ClientConfig { endpoint: endpoint.clone(), ..Default::default() }
-            .connect_lazy()
-            .unwrap();
+        let (history, done) = (history.clone(), done.clone());
+        let endpoint = endpoints[c % endpoints.len()].clone();
+        let mut client = ClientConfig { endpoint, ..Default::default() }.connect_lazy().unwrap();
         tasks.push(tokio::spawn(async move {
             let mut rng = fastrand::Rng::with_seed(c as u64);
             // The last resource_version this client saw per key: its
@@ -108,6 +126,11 @@ async fn record_history(endpoint: String) -> History {
                 let call_at = epoch.elapsed().as_nanos() as u64;
                 let answer = run(&mut client, &key, &call).await;
                 let ret = epoch.elapsed().as_nanos() as u64;
+                done.fetch_add(1, Ordering::Relaxed);
+                let Some(answer) = answer else {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
                 match &answer {
                     Answer::Written { resource_version }
                     | Answer::Read { resource_version, .. } => {
@@ -115,16 +138,50 @@ async fn record_history(endpoint: String) -> History {
                     }
                     _ => {}
                 }
+                // An answer that never came: it may take effect at any
+                // time after its call.
+                let ret = if answer == Answer::Maybe { u64::MAX } else { ret };
                 let op = Operation { call: call_at, ret, input: call, output: answer };
                 history.lock().unwrap().push((key, op));
             }
         }));
     }
+    let half = CLIENTS * OPS_PER_CLIENT / 2;
+    while done.load(Ordering::Relaxed) < half {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::task::block_in_place(|| {
+        restart.kill9();
+        restart.spawn();
+    });
     for t in tasks {
         t.await.unwrap();
     }
+    // A final read of every key, after everything else.
+    let mut client = ClientConfig { endpoint: endpoints[0].clone(), ..Default::default() }
+        .connect_lazy()
+        .unwrap();
+    for k in 0..KEYS {
+        let key = format!("k{k}");
+        let call_at = epoch.elapsed().as_nanos() as u64;
+        let answer = run(&mut client, &key, &Call::Get).await.expect("the final read is answered");
+        let ret = epoch.elapsed().as_nanos() as u64;
+        let op = Operation { call: call_at, ret, input: Call::Get, output: answer };
+        history.lock().unwrap().push((key, op));
+    }
     let history = history.lock().unwrap().clone();
     history
+}
+
+/// Every acknowledged write as (call, return, revision).
+fn writes(history: &History) -> Vec<(u64, u64, i64)> {
+    history
+        .iter()
+        .filter_map(|(_, o)| match o.output {
+            Answer::Written { resource_version } => Some((o.call, o.ret, resource_version)),
+            _ => None,
+        })
+        .collect()
 }
 
 fn by_key(history: &History) -> HashMap<String, Vec<Operation<Call, Answer>>> {
@@ -135,9 +192,12 @@ fn by_key(history: &History) -> HashMap<String, Vec<Operation<Call, Answer>>> {
     keys
 }
 
-async fn history_is_linearizable(endpoint: String, label: &str) {
-    let history = record_history(endpoint).await;
+async fn history_is_linearizable(endpoints: Vec<String>, restart: &mut StoreProcess, label: &str) {
+    let history = record_history(endpoints, restart).await;
     let keys = by_key(&history);
+    if let Err(violation) = revisions_unique_and_in_real_time_order(&writes(&history)) {
+        panic!("{label}: {violation}");
+    }
     for (key, ops) in &keys {
         assert!(
             linearize(&GatewayModel, ops).is_some(),
@@ -146,13 +206,14 @@ async fn history_is_linearizable(endpoint: String, label: &str) {
     }
     let count = |f: fn(&Answer) -> bool| history.iter().filter(|(_, o)| f(&o.output)).count();
     eprintln!(
-        "{label}: {} operations on {} keys linearizable ({} writes, {} reads, {} conflicts, {} not found)",
+        "{label}: {} operations on {} keys linearizable across a store restart ({} writes, {} reads, {} conflicts, {} not found, {} cut off)",
         history.len(),
         keys.len(),
         count(|a| matches!(a, Answer::Written { .. } | Answer::Deleted)),
         count(|a| matches!(a, Answer::Read { .. })),
         count(|a| matches!(a, Answer::Conflict)),
         count(|a| matches!(a, Answer::NotFound)),
+        count(|a| matches!(a, Answer::Maybe)),
     );
 
     // Inject a bug: a read answers what an earlier read saw although a
@@ -184,25 +245,54 @@ async fn history_is_linearizable(endpoint: String, label: &str) {
         linearize(&GatewayModel, &ops).is_none(),
         "{label}: the checker accepted a stale read injected into {key}'s history"
     );
+
+    // A lost write: a key's final read answers a value nobody wrote.
+    let (key, mut ops) = keys
+        .iter()
+        .find(|(_, ops)| matches!(ops.last().unwrap().output, Answer::Read { .. }))
+        .map(|(k, ops)| (k.clone(), ops.clone()))
+        .expect("a key that exists at the end");
+    if let Answer::Read { resource_version, .. } = ops.last().unwrap().output.clone() {
+        ops.last_mut().unwrap().output =
+            Answer::Read { image: "img:lost".into(), resource_version };
+    }
+    assert!(
+        linearize(&GatewayModel, &ops).is_none(),
+        "{label}: the checker accepted a final read of {key} that no write explains"
+    );
+
+    // A revision made twice: two writes on different keys share one.
+    let mut repeated = writes(&history);
+    let last = repeated.len() - 1;
+    repeated[last].2 = repeated[0].2;
+    assert!(
+        revisions_unique_and_in_real_time_order(&repeated).is_err(),
+        "{label}: the check accepted a revision made by two writes"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_store_is_linearizable() {
     let dir = temp_dir("linearizable-sqlite");
     let url = format!("sqlite://{}", dir.join("gantry.db").display());
-    let store = StoreProcess::start(&url, &dir);
-    history_is_linearizable(store.endpoint(), "sqlite").await;
+    let mut store = StoreProcess::start(&url, &dir);
+    history_is_linearizable(vec![store.endpoint()], &mut store, "sqlite").await;
     drop(store);
     let _ = std::fs::remove_dir_all(dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_store_is_linearizable() {
+async fn postgres_replicas_are_linearizable() {
     let Some(db) = TempPostgres::create().await else { return };
     let dir = temp_dir("linearizable-postgres");
-    let store = StoreProcess::start(&db.url, &dir);
-    history_is_linearizable(store.endpoint(), "postgres").await;
-    drop(store);
+    let (dir_a, dir_b) = (dir.join("a"), dir.join("b"));
+    std::fs::create_dir_all(&dir_a).unwrap();
+    std::fs::create_dir_all(&dir_b).unwrap();
+    let a = StoreProcess::start(&db.url, &dir_a);
+    let mut b = StoreProcess::start(&db.url, &dir_b);
+    let endpoints = vec![a.endpoint(), b.endpoint()];
+    history_is_linearizable(endpoints, &mut b, "postgres, two replicas").await;
+    drop((a, b));
     db.drop_database().await;
     let _ = std::fs::remove_dir_all(dir);
 }
