@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{Instant, Sleep};
@@ -36,6 +37,9 @@ use crate::service::RateLimit;
 /// Limits on the gRPC listener's connections.
 #[derive(Debug, Clone)]
 pub struct ConnectionLimits {
+    /// Calls being answered at once per connection (a watch: until its
+    /// stream starts); more are refused at once with RESOURCE_EXHAUSTED.
+    pub calls_per_connection: usize,
     /// Connections open at once; more are closed as soon as accepted.
     pub max_connections: usize,
     /// A connection must send its first request within this time.
@@ -47,6 +51,7 @@ pub struct ConnectionLimits {
 impl Default for ConnectionLimits {
     fn default() -> Self {
         Self {
+            calls_per_connection: 256,
             max_connections: 4096,
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
@@ -55,9 +60,13 @@ impl Default for ConnectionLimits {
 }
 
 /// Counters of the listener, exported as metrics.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ConnectionMetrics {
     pub open: Gauge,
+    /// Calls refused for --max-calls-per-connection.
+    pub shed: Counter,
+    /// How long refusing a call took, from its arrival at the service.
+    pub shed_seconds: Histogram,
     /// Closed at accept: over the limit.
     pub refused: Counter,
     /// Closed for sending no request in time.
@@ -68,11 +77,28 @@ pub struct ConnectionMetrics {
     pub accept_errors: Counter,
 }
 
+impl Default for ConnectionMetrics {
+    fn default() -> Self {
+        Self {
+            open: Gauge::default(),
+            shed: Counter::default(),
+            // 1 µs .. ~16 ms
+            shed_seconds: Histogram::new(exponential_buckets(0.000_001, 2.0, 15)),
+            refused: Counter::default(),
+            handshake_timeouts: Counter::default(),
+            idle_closed: Counter::default(),
+            accept_errors: Counter::default(),
+        }
+    }
+}
+
 /// One open connection's state shared with the calls on it.
 #[derive(Debug)]
 struct Connection {
     /// Calls in flight (a watch: until its stream ends).
     active: AtomicUsize,
+    /// Calls not answered yet (a watch: until its stream starts).
+    answering: AtomicUsize,
     /// Milliseconds after `epoch` when the last call ended; `u64::MAX`
     /// while no request has arrived yet.
     idle_since_ms: AtomicU64,
@@ -126,6 +152,7 @@ impl Connections {
             }
             let connection = Arc::new(Connection {
                 active: AtomicUsize::new(0),
+                answering: AtomicUsize::new(0),
                 idle_since_ms: AtomicU64::new(u64::MAX),
             });
             open.insert(peer, connection.clone());
@@ -146,12 +173,37 @@ impl Connections {
         })
     }
 
-    /// Marks a call started on the connection of `peer`; the guard marks
-    /// it ended when dropped.
-    pub fn call_started(self: &Arc<Self>, peer: Option<SocketAddr>) -> Option<CallGuard> {
-        let connection = self.lock().get(&peer?)?.clone();
+    /// Admits a call on the connection of `peer`: `Err` when the
+    /// connection already has its limit of calls being answered; otherwise
+    /// guards that mark the call answered and ended when dropped.
+    fn call_started(
+        self: &Arc<Self>,
+        peer: Option<SocketAddr>,
+    ) -> Result<Option<(CallGuard, Answering)>, ()> {
+        let Some(connection) = peer.and_then(|peer| self.lock().get(&peer).cloned()) else {
+            return Ok(None);
+        };
+        let limit = self.limits.calls_per_connection;
+        let admitted = connection
+            .answering
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < limit).then_some(n + 1))
+            .is_ok();
+        if !admitted {
+            return Err(());
+        }
         connection.active.fetch_add(1, Ordering::SeqCst);
-        Some(CallGuard { connection, connections: self.clone() })
+        let answering = Answering(connection.clone());
+        Ok(Some((CallGuard { connection, connections: self.clone() }, answering)))
+    }
+}
+
+/// A call on a tracked connection not answered yet.
+#[derive(Debug)]
+struct Answering(Arc<Connection>);
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.0.answering.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -379,6 +431,7 @@ impl<S, B> tower::Service<axum::http::Request<B>> for ActiveCalls<S>
 where
     S: tower::Service<axum::http::Request<B>, Response = axum::http::Response<tonic::body::Body>>,
     S::Future: Send + 'static,
+    S::Error: Send + 'static,
 {
     type Response = axum::http::Response<tonic::body::Body>;
     type Error = S::Error;
@@ -398,10 +451,25 @@ where
                         .and_then(|i| i.get_ref().remote_addr)
                 },
             );
-        let guard = self.connections.call_started(peer);
+        let arrived = std::time::Instant::now();
+        let Ok(guards) = self.connections.call_started(peer) else {
+            // Refused at once, not queued: the client backs off or spreads
+            // its calls over connections.
+            let metrics = &self.connections.metrics;
+            metrics.shed.inc();
+            let status = tonic::Status::resource_exhausted(format!(
+                "{} calls are already being answered on this connection (--max-calls-per-connection); retry with backoff or use more connections",
+                self.connections.limits.calls_per_connection
+            ));
+            let response = status.into_http::<tonic::body::Body>();
+            metrics.shed_seconds.observe(arrived.elapsed().as_secs_f64());
+            return Box::pin(std::future::ready(Ok(response)));
+        };
         let response = self.inner.call(request);
         Box::pin(async move {
+            let (guard, answering) = guards.unzip();
             let response = response.await?;
+            drop(answering);
             Ok(response.map(|body| match guard {
                 Some(guard) => tonic::body::Body::new(Counted { body, _guard: guard }),
                 None => body,

@@ -89,13 +89,12 @@ pub struct Settings {
 /// What one client can take of the server.
 #[derive(Debug, Clone)]
 pub struct Limits {
-    /// Calls in flight per connection; more are refused RESOURCE_EXHAUSTED.
-    pub calls_per_connection: usize,
     /// HTTP/2 streams per connection.
     pub streams_per_connection: u32,
     /// Longest a call may take to answer.
     pub request_timeout: Duration,
-    /// Connections: how many, and how long they may wait or idle.
+    /// Connections: how many, how many calls each, and how long they may
+    /// wait or idle.
     pub connections: ConnectionLimits,
     /// HTTP/2 keepalive ping interval and the wait for its answer.
     pub keepalive: (Duration, Duration),
@@ -104,7 +103,6 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            calls_per_connection: 256,
             streams_per_connection: 1024,
             request_timeout: Duration::from_secs(30),
             connections: ConnectionLimits::default(),
@@ -211,10 +209,10 @@ pub async fn settings_from_config(config: &Config) -> Result<Settings, ServeErro
         poll_interval: WatchSettings::default().poll_interval,
     };
     let limits = Limits {
-        calls_per_connection: config.limits.max_calls_per_connection.max(1),
         streams_per_connection: config.limits.max_streams_per_connection.max(1),
         request_timeout: config.limits.request_timeout,
         connections: ConnectionLimits {
+            calls_per_connection: config.limits.max_calls_per_connection.max(1),
             max_connections: config.limits.max_connections.max(1),
             handshake_timeout: config.limits.handshake_timeout,
             idle_timeout: config.limits.idle_timeout,
@@ -307,8 +305,6 @@ pub async fn serve(
     let limits = &settings.limits;
     let connections = Connections::new(limits.connections.clone(), metrics.connections.clone());
     let mut builder = Server::builder()
-        .concurrency_limit_per_connection(limits.calls_per_connection)
-        .load_shed(true)
         .max_concurrent_streams(limits.streams_per_connection)
         // The service answers DEADLINE_EXCEEDED at --request-timeout; tonic's
         // own timeout (which answers CANCELLED) is only a backstop.

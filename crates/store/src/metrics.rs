@@ -86,6 +86,16 @@ impl Default for Metrics {
         let connections = crate::conn::ConnectionMetrics::default();
         registry.register("grpc_connections", "Open gRPC connections", connections.open.clone());
         registry.register(
+            "grpc_calls_shed",
+            "Calls refused RESOURCE_EXHAUSTED for --max-calls-per-connection",
+            connections.shed.clone(),
+        );
+        registry.register(
+            "grpc_shed_duration_seconds",
+            "How long refusing a call for --max-calls-per-connection took",
+            connections.shed_seconds.clone(),
+        );
+        registry.register(
             "grpc_connections_refused",
             "gRPC connections closed at accept because --max-connections were open",
             connections.refused.clone(),
