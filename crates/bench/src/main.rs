@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use gantry_api::v1::{
-    CreateGatewayRequest, Gateway, GatewaySpec, ListGatewaysRequest, ObjectMeta,
+    CreateGatewayRequest, Gateway, GatewaySpec, GetGatewayRequest, ListGatewaysRequest, ObjectMeta,
     UpdateGatewayRequest, WatchGatewaysRequest,
 };
 use gantry_client::{ClientConfig, GatewayClient};
@@ -71,6 +71,9 @@ pub struct Args {
 enum Scenario {
     /// Concurrent clients doing spec updates (durable acknowledgements).
     Write,
+    /// GetGateway round trips, one at a time, for gateways of several sizes
+    /// (a reply of several KB must not wait on Nagle's algorithm).
+    Read,
     /// Watchers on their own connections or sharing one, while a writer
     /// changes a gateway back to back or at a fixed rate.
     Watch,
@@ -140,6 +143,31 @@ async fn create_gateways(store: &Store, prefix: &str, count: usize) -> anyhow::R
         t.await??;
     }
     Ok(started.elapsed())
+}
+
+/// One client reading one gateway of `config_bytes` of config back to back.
+async fn read(args: &Args, config_bytes: usize, samples: usize) -> anyhow::Result<Value> {
+    let store = Store::start(args, 4096).await?;
+    let mut client = store.client()?;
+    let config = [("blob", "x".repeat(config_bytes))];
+    let stored = client
+        .create_gateway(CreateGatewayRequest { gateway: Some(gateway("r", "gw:1", &config)) })
+        .await?
+        .into_inner();
+    let size = prost::Message::encoded_len(&stored);
+    eprintln!("read: {samples} GetGateway of a {size}-byte gateway on {}", args.backend.name());
+    let mut latencies = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let started = Instant::now();
+        client.get_gateway(GetGatewayRequest { name: "r".into() }).await?;
+        latencies.push(started.elapsed().as_micros() as u64);
+    }
+    let result = json!({
+        "scenario": "read", "backend": args.backend.name(), "gateway_bytes": size,
+        "latency": percentiles(latencies),
+    });
+    store.stop().await;
+    Ok(result)
 }
 
 async fn write(args: &Args, clients: usize, duration: Duration) -> anyhow::Result<Value> {
@@ -606,6 +634,11 @@ async fn run(args: &Args, scenario: Scenario) -> anyhow::Result<Vec<Value>> {
     let secs = Duration::from_secs;
     let mut out = Vec::new();
     match scenario {
+        Scenario::Read => {
+            for config_bytes in [0, 4 * 1024, 64 * 1024] {
+                out.push(read(args, config_bytes, if quick { 200 } else { 2000 }).await?);
+            }
+        }
         Scenario::Write => {
             let (clients, seconds): (&[usize], u64) =
                 if quick { (&[1, 16], 2) } else { (&[1, 16, 64, 256], 10) };
@@ -666,6 +699,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let scenarios: Vec<Scenario> = match args.scenario {
         Scenario::All => vec![
+            Scenario::Read,
             Scenario::Write,
             Scenario::Watch,
             Scenario::Converge,
