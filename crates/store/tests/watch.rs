@@ -599,6 +599,8 @@ async fn a_paged_list_is_a_snapshot_and_the_watch_from_it_completes_it(store: &T
         }
     };
 
+    // The listing starts with the writers' own gateways already there.
+    wait_for_writes(30).await;
     let (mut listed, mut token, mut revision, mut pages) =
         (BTreeMap::new(), String::new(), None, 0);
     let mut initial_watch = None;
@@ -637,6 +639,7 @@ async fn a_paged_list_is_a_snapshot_and_the_watch_from_it_completes_it(store: &T
     }
     let revision = revision.unwrap();
     assert!(pages >= 9, "only {pages} pages");
+    assert!(listed.keys().any(|n| n.starts_with("new-")), "no writer's gateway listed");
     let mut from_list = watch(&mut c, from(revision)).await;
     wait_for_writes(ops.load(Ordering::Relaxed) + 20).await;
     stop.store(true, Ordering::Relaxed);
@@ -650,8 +653,14 @@ async fn a_paged_list_is_a_snapshot_and_the_watch_from_it_completes_it(store: &T
     collect_until(&mut from_list, head, &mut events).await;
     assert!(events.iter().all(|e| e.0 > revision), "an event the list already held");
     assert_strictly_increasing(&events);
+    let listed_count = listed.len();
     replay(&mut listed, &events);
     assert_eq!(listed, expected, "list + watch differ from the final state");
+    eprintln!(
+        "{:?}: {listed_count} objects in {pages} pages of 7 at revision {revision}; {} changes by 4 writers meanwhile; list + watch = final state",
+        store.backend,
+        head - revision
+    );
 
     // The initial-events watch: a snapshot at its own start, then events.
     let mut stream = initial_watch.unwrap();
