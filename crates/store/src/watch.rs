@@ -146,6 +146,20 @@ struct State {
     done: bool,
 }
 
+impl State {
+    /// Ends the stream with `code`: `why`, and where to resume.
+    fn end(&mut self, code: Code, why: String, reason: &str) -> Status {
+        self.done = true;
+        let last = self.last;
+        with_reason(
+            code,
+            format!("{why}; resume the watch from revision {last}"),
+            reason,
+            &[("resource_version", last.to_string())],
+        )
+    }
+}
+
 fn event_out(kind: EventType, gateway: Option<Gateway>, revision: i64) -> WatchEvent {
     WatchEvent { r#type: kind as i32, gateway, resource_version: revision, ..Default::default() }
 }
@@ -269,37 +283,23 @@ async fn next(s: &mut State) -> Option<Result<WatchEvent, Status>> {
                 continue;
             }
             Read::Wait if s.stopping => {
-                s.done = true;
-                return Some(Err(with_reason(
+                return Some(Err(s.end(
                     Code::Unavailable,
-                    format!(
-                        "gateway-store is shutting down; resume the watch from revision {}",
-                        s.last
-                    ),
+                    "gateway-store is shutting down".into(),
                     REASON_SHUTTING_DOWN,
-                    &[("resource_version", s.last.to_string())],
                 )));
             }
             Read::Wait => {}
             Read::TooSlow { events, bytes } => {
-                s.done = true;
-                return Some(Err(with_reason(
-                    Code::ResourceExhausted,
-                    format!(
-                        "watcher fell {events} events ({bytes} bytes) behind and was ended; resume the watch from revision {}",
-                        s.last
-                    ),
-                    REASON_TOO_SLOW,
-                    &[("resource_version", s.last.to_string())],
-                )));
+                let why =
+                    format!("watcher fell {events} events ({bytes} bytes) behind and was ended");
+                return Some(Err(s.end(Code::ResourceExhausted, why, REASON_TOO_SLOW)));
             }
             Read::Reset => {
-                s.done = true;
-                return Some(Err(with_reason(
+                return Some(Err(s.end(
                     Code::Unavailable,
-                    format!("the watch cache was reset; resume the watch from revision {}", s.last),
+                    "the watch cache was reset".into(),
                     REASON_SHUTTING_DOWN,
-                    &[("resource_version", s.last.to_string())],
                 )));
             }
         }
