@@ -346,11 +346,13 @@ impl ControlPlane {
             // it (a shared plane lives in a static, which is never dropped).
             // It joins the plane's group, so whatever stops the test's own
             // group leaves it running; the API server may outlive a TERM
-            // once etcd is gone, hence the KILL after a grace period.
+            // once etcd is gone, hence the KILL after a grace period. The
+            // etcd data (over 100 MB) goes too; the logs stay for a look.
             let watchdog = format!(
-                "trap '' TERM; while kill -0 {} 2>/dev/null; do sleep 1; done; kill -TERM -- -{group} 2>/dev/null; sleep 5; kill -KILL -- -{group} 2>/dev/null",
+                "trap '' TERM; while kill -0 {} 2>/dev/null; do sleep 1; done; kill -TERM -- -{group} 2>/dev/null; sleep 5; rm -rf '{etcd}'; kill -KILL -- -{group} 2>/dev/null",
                 std::process::id(),
-                group = child.id()
+                group = child.id(),
+                etcd = self.dir.join("etcd").display()
             );
             let watchdog = Command::new("sh")
                 .args(["-c", &watchdog])
