@@ -426,6 +426,7 @@ async fn converge(
         "10 gateways did not converge"
     );
     let (store_before, reconciler_before) = (pair.store.usage(), pair.reconciler()?.usage());
+    let stages_before = pair.reconciler()?.stages().await?;
     pair.take_kube_requests();
     let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate.max(1))));
     let deadline = Instant::now() + rate_duration;
@@ -452,8 +453,21 @@ async fn converge(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let (kube_requests, kube_writes) = pair.take_kube_requests();
+    // Mean milliseconds per pass in each stage over the run.
+    let stages: serde_json::Map<String, Value> = pair
+        .reconciler()?
+        .stages()
+        .await?
+        .into_iter()
+        .map(|(stage, (sum, count))| {
+            let (sum0, count0) = stages_before.get(&stage).copied().unwrap_or_default();
+            let mean_ms =
+                if count > count0 { (sum - sum0) / (count - count0) * 1000.0 } else { 0.0 };
+            (stage, json!((mean_ms * 100.0).round() / 100.0))
+        })
+        .collect();
     results.push(json!({
-        "scenario": "converge", "mode": "fixed-rate", "backend": args.backend.name(),
+        "scenario": "converge", "mode": "fixed-rate", "stage_mean_ms": stages, "backend": args.backend.name(),
         "updates_per_s": rate, "duration_s": rate_duration.as_secs_f64(), "updates": i,
         "not_observed_within_10s": tracker.pending(),
         "update_to_observed": percentiles(tracker.take_observed()),

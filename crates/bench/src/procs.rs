@@ -222,6 +222,24 @@ impl Reconciler {
         Usage::of(self.child.id())
     }
 
+    /// Per stage of convergence (queue, apply, observe, status_write): the
+    /// seconds spent so far and how many times.
+    pub async fn stages(&self) -> anyhow::Result<std::collections::BTreeMap<String, (f64, f64)>> {
+        let text = http_get(self.http, "/metrics").await?;
+        let mut stages = std::collections::BTreeMap::new();
+        for stage in ["queue", "apply", "observe", "status_write"] {
+            let labels = format!("{{stage=\"{stage}\"}}");
+            let sum =
+                metric_sum(&text, &format!("gantry_reconciler_stage_duration_seconds_sum{labels}"));
+            let count = metric_sum(
+                &text,
+                &format!("gantry_reconciler_stage_duration_seconds_count{labels}"),
+            );
+            stages.insert(stage.to_string(), (sum, count));
+        }
+        Ok(stages)
+    }
+
     /// Reconcile passes so far, whatever their outcome.
     pub async fn reconciles(&self) -> anyhow::Result<u64> {
         let text = http_get(self.http, "/metrics").await?;

@@ -142,6 +142,8 @@ pub struct Controller {
     /// Consecutive errors per gateway, for the worker's backoff.
     errors: Mutex<HashMap<String, u32>>,
     first_seen: Mutex<HashMap<(String, i64), Instant>>,
+    /// When a store event first queued each gateway since its last pass.
+    queued_at: Mutex<HashMap<String, std::time::Instant>>,
     queue: WorkQueue,
     pub metrics: Arc<Metrics>,
     /// Wall clock at `started` (the policy's times are Unix milliseconds;
@@ -203,6 +205,7 @@ impl Controller {
             records: Mutex::default(),
             errors: Mutex::default(),
             first_seen: Mutex::default(),
+            queued_at: Mutex::default(),
             queue: WorkQueue::default(),
             metrics,
             wall_start_ms,
@@ -272,6 +275,7 @@ impl Controller {
         lock(&self.records).remove(name);
         lock(&self.errors).remove(name);
         lock(&self.first_seen).retain(|(n, _), _| n != name);
+        lock(&self.queued_at).remove(name);
         self.queue.forget(name);
     }
 
@@ -369,6 +373,9 @@ impl Controller {
 
     /// Runs one pass and schedules what it asks for.
     async fn run_pass(&self, name: &str) {
+        if let Some(queued) = lock(&self.queued_at).remove(name) {
+            self.metrics.stage("queue", queued);
+        }
         let Some(gateway) = self.cached(name) else { return };
         let started = std::time::Instant::now();
         let generation = gateway.metadata.as_ref().map_or(0, |m| m.generation);
@@ -462,6 +469,7 @@ impl Controller {
             WatchUpdate::Applied { gateway, .. } => {
                 let name = name_of(&gateway);
                 self.remember(gateway);
+                lock(&self.queued_at).entry(name.clone()).or_insert_with(std::time::Instant::now);
                 self.queue.add(&name);
             }
             WatchUpdate::Deleted { gateway, .. } => self.forget(&name_of(&gateway)),
@@ -545,7 +553,11 @@ impl Controller {
         owner: &Owner,
         rendered: &Rendered,
     ) -> Result<Observation, ReconcileError> {
-        match tokio::time::timeout(STORE_TIMEOUT, self.target.observe(owner, rendered)).await {
+        let started = std::time::Instant::now();
+        let observed =
+            tokio::time::timeout(STORE_TIMEOUT, self.target.observe(owner, rendered)).await;
+        self.metrics.stage("observe", started);
+        match observed {
             Ok(Ok(o)) => Ok(o),
             Ok(Err(e)) => Err(ReconcileError::Observe(e)),
             Err(_) => Err(ReconcileError::Observe(TargetError(format!(
@@ -609,12 +621,12 @@ impl Controller {
             }
             return Ok(Action::after("waiting", wait));
         }
-        let result = match tokio::time::timeout(
-            TARGET_TIMEOUT,
-            self.target.apply(owner, &rendered.manifests),
-        )
-        .await
-        {
+        let started = std::time::Instant::now();
+        let applied =
+            tokio::time::timeout(TARGET_TIMEOUT, self.target.apply(owner, &rendered.manifests))
+                .await;
+        self.metrics.stage("apply", started);
+        let result = match applied {
             Ok(r) => r,
             Err(_) => Err(TargetError(format!("apply: no answer within {TARGET_TIMEOUT:?}"))),
         };
@@ -729,7 +741,10 @@ impl Controller {
             spec: None,
             status: Some(desired),
         };
-        let written = self.update(update, &STATUS_PATHS).await?;
+        let started = std::time::Instant::now();
+        let written = self.update(update, &STATUS_PATHS).await;
+        self.metrics.stage("status_write", started);
+        let written = written?;
         if observed > previous {
             if let Some(seen) = lock(&self.first_seen).remove(&(name.clone(), observed)) {
                 self.metrics.convergence.observe(seen.elapsed().as_secs_f64());

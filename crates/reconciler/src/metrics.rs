@@ -13,6 +13,11 @@ pub struct OutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabels {
+    pub stage: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabels {
     pub phase: String,
 }
@@ -29,6 +34,14 @@ pub struct Metrics {
     pub gateways: Family<PhaseLabels, Gauge>,
     /// From first seeing a generation to reporting it observed.
     pub convergence: Histogram,
+    /// Time per stage of a change's way to observed: `queue` (store event
+    /// to pass start), `apply`, `observe`, `status_write`.
+    pub stages: Family<StageLabels, Histogram, fn() -> Histogram>,
+}
+
+fn stage_histogram() -> Histogram {
+    // 100 µs .. ~3 s
+    Histogram::new(exponential_buckets(0.000_1, 2.0, 16))
 }
 
 impl Default for Metrics {
@@ -52,13 +65,36 @@ impl Default for Metrics {
             "From a new generation to observed_generation",
             convergence.clone(),
         );
-        Self { registry, reconciles, reconcile_duration, queue_depth, gateways, convergence }
+        let stages = Family::<StageLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+            stage_histogram,
+        );
+        registry.register(
+            "stage_duration_seconds",
+            "Time per stage of convergence: queue (store event to pass start), apply, observe, status_write",
+            stages.clone(),
+        );
+        Self {
+            registry,
+            reconciles,
+            reconcile_duration,
+            queue_depth,
+            gateways,
+            convergence,
+            stages,
+        }
     }
 }
 
 impl Metrics {
     pub fn outcome(&self, outcome: &str) {
         self.reconciles.get_or_create(&OutcomeLabels { outcome: outcome.to_string() }).inc();
+    }
+
+    /// Records the time spent in one stage since `started`.
+    pub fn stage(&self, stage: &str, started: std::time::Instant) {
+        self.stages
+            .get_or_create(&StageLabels { stage: stage.to_string() })
+            .observe(started.elapsed().as_secs_f64());
     }
 
     /// The OpenMetrics text exposition.

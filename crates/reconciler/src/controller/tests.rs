@@ -469,3 +469,22 @@ async fn a_deleted_gateway_is_cleaned_up_and_forgotten_by_the_metrics() {
     assert!(text.contains("gantry_reconciler_gateways{phase=\"running\"} 0"), "{text}");
     running.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn every_stage_of_a_change_is_timed() {
+    let (store, target) = (MemoryStore::default(), Arc::new(ScriptedTarget::default()));
+    let running = Running::start(&store, &target);
+    create(&store, Gateway::test("edge"));
+    until(MINUTE, "running", || is_running(&store, "edge")).await;
+    let text = running.controller.metrics.encode();
+    for stage in ["queue", "apply", "observe", "status_write"] {
+        let count = format!("gantry_reconciler_stage_duration_seconds_count{{stage=\"{stage}\"}} ");
+        let n: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(count.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("stage {stage} not timed:\n{text}"));
+        assert!(n >= 1, "stage {stage} counted {n} times");
+    }
+    running.stop().await;
+}
