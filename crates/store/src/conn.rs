@@ -35,7 +35,7 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 use crate::service::RateLimit;
 
 /// Limits on the gRPC listener's connections.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ConnectionLimits {
     /// Calls being answered at once per connection (a watch: until its
     /// stream starts); more are refused at once with RESOURCE_EXHAUSTED.
@@ -56,6 +56,39 @@ impl Default for ConnectionLimits {
             handshake_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(300),
         }
+    }
+}
+
+/// File descriptors kept back from connections for the database pool, the
+/// listeners, files and the HTTP endpoints.
+pub const RESERVED_FILES: u64 = 64;
+
+/// The soft open-file limit of this process (Linux: `/proc/self/limits`).
+pub fn open_file_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.trim_start_matches("Max open files").split_whitespace().next()?.parse().ok()
+}
+
+impl ConnectionLimits {
+    /// These limits with `max_connections` lowered to what an open-file
+    /// limit of `files` allows after [`RESERVED_FILES`]: accepting until the
+    /// process runs out of descriptors would starve the database pool
+    /// ("unable to open database file") and answer nobody. The second value
+    /// says what was lowered, for the log.
+    pub fn within_open_files(mut self, files: Option<u64>) -> (Self, Option<String>) {
+        let Some(files) = files else { return (self, None) };
+        let allowed =
+            usize::try_from(files.saturating_sub(RESERVED_FILES).max(1)).unwrap_or(usize::MAX);
+        if self.max_connections <= allowed {
+            return (self, None);
+        }
+        let note = format!(
+            "--max-connections {} is more than the open-file limit ({files}) allows; serving at most {allowed} connections (raise the limit: ulimit -n, or LimitNOFILE)",
+            self.max_connections
+        );
+        self.max_connections = allowed;
+        (self, Some(note))
     }
 }
 
@@ -501,5 +534,22 @@ impl http_body::Body for Counted {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_stay_within_the_open_file_limit() {
+        let limits = ConnectionLimits { max_connections: 4096, ..ConnectionLimits::default() };
+        let (lowered, note) = limits.clone().within_open_files(Some(1024));
+        assert_eq!(lowered.max_connections, 960);
+        assert!(note.unwrap().contains("open-file limit (1024)"));
+        assert_eq!(limits.clone().within_open_files(Some(1 << 20)), (limits.clone(), None));
+        assert_eq!(limits.clone().within_open_files(None), (limits.clone(), None));
+        assert_eq!(limits.within_open_files(Some(10)).0.max_connections, 1);
+        assert!(open_file_limit().is_some_and(|n| n > 0));
     }
 }

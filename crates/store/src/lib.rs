@@ -303,7 +303,12 @@ pub async fn serve(
     };
 
     let limits = &settings.limits;
-    let connections = Connections::new(limits.connections.clone(), metrics.connections.clone());
+    let (connection_limits, lowered) =
+        limits.connections.clone().within_open_files(conn::open_file_limit());
+    if let Some(note) = lowered {
+        tracing::warn!("{note}");
+    }
+    let connections = Connections::new(connection_limits, metrics.connections.clone());
     let mut builder = Server::builder()
         .max_concurrent_streams(limits.streams_per_connection)
         // The service answers DEADLINE_EXCEEDED at --request-timeout; tonic's
