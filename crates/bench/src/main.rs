@@ -428,6 +428,10 @@ async fn converge(
     let (store_before, reconciler_before) = (pair.store.usage(), pair.reconciler()?.usage());
     let stages_before = pair.reconciler()?.stages().await?;
     pair.take_kube_requests();
+    // Clients share a few connections, as real ones do (the store bounds
+    // connections; one per call would also time connection setup).
+    let clients =
+        (0..16).map(|_| pair.store.client()).collect::<Result<Vec<GatewayClient>, _>>()?;
     let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate.max(1))));
     let deadline = Instant::now() + rate_duration;
     let mut updates = Vec::new();
@@ -435,7 +439,7 @@ async fn converge(
     while Instant::now() < deadline {
         ticks.tick().await;
         i += 1;
-        let (mut client, tracker) = (pair.store.client()?, tracker.clone());
+        let (mut client, tracker) = (clients[i % clients.len()].clone(), tracker.clone());
         updates.push(tokio::spawn(async move {
             let name = format!("steady-{:06}", i % 10);
             let sent = Instant::now();
@@ -484,7 +488,7 @@ async fn converge(
         let started = Instant::now();
         let mut creates = Vec::new();
         for i in 0..gateways {
-            let mut client = pair.store.client()?;
+            let mut client = clients[i % clients.len()].clone();
             creates.push(tokio::spawn(async move {
                 client
                     .create_gateway(CreateGatewayRequest {
