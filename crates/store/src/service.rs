@@ -50,7 +50,9 @@ pub struct GatewayApi {
 #[derive(Debug, Clone)]
 struct Caller {
     peer: Option<std::net::SocketAddr>,
-    subject: Option<String>,
+    /// The call's `authorization` metadata, authenticated again only when a
+    /// refusal is logged (not on every call).
+    authorization: tonic::metadata::MetadataMap,
 }
 
 /// At most `per_second` log lines a second; the rest are counted and the
@@ -115,12 +117,13 @@ impl GatewayApi {
     }
 
     /// Who is calling, for the log of refusals: the peer address and the
-    /// subject of a valid token.
+    /// credentials (the subject of a valid token is looked up when logged).
     fn caller<T>(&self, request: &Request<T>) -> Caller {
-        Caller {
-            peer: request.remote_addr(),
-            subject: self.auth.authenticate(request.metadata()).ok().map(|p| p.subject),
+        let mut authorization = tonic::metadata::MetadataMap::new();
+        if let Some(value) = request.metadata().get("authorization") {
+            authorization.insert("authorization", value.clone());
         }
+        Caller { peer: request.remote_addr(), authorization }
     }
 
     async fn observed<T>(
@@ -150,7 +153,8 @@ impl GatewayApi {
                 tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => {
                     if let Some(suppressed) = self.refusals.admit() {
                         let peer = caller.peer.map(|p| p.to_string()).unwrap_or_default();
-                        let subject = caller.subject.as_deref().unwrap_or("");
+                        let principal = self.auth.authenticate(&caller.authorization).ok();
+                        let subject = principal.as_ref().map_or("", |p| p.subject.as_str());
                         tracing::info!(method, code = ?status.code(), error = status.message(), peer, subject, suppressed, "request refused");
                     }
                 }

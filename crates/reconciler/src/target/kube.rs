@@ -111,17 +111,15 @@ impl Live {
         serde_json::from_str(&self.object).unwrap_or_default()
     }
 
-    fn of(o: &DynamicObject) -> Live {
+    /// Serialized once, straight to text (no intermediate `Value`).
+    fn of(mut o: DynamicObject) -> Live {
+        o.metadata.managed_fields = None;
         let label = |key: &str| o.metadata.labels.as_ref().and_then(|l| l.get(key).cloned());
-        let mut object = serde_json::to_value(o).unwrap_or_default();
-        if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
-            meta.remove("managedFields");
-        }
         Live {
             gateway: label(LABEL_GATEWAY),
             uid: label(LABEL_GATEWAY_UID),
             resource_version: resource_version(o.metadata.resource_version.as_deref()),
-            object: Arc::from(serde_json::to_string(&object).unwrap_or_default()),
+            object: Arc::from(serde_json::to_string(&o).unwrap_or_default()),
         }
     }
 }
@@ -546,7 +544,7 @@ fn track(
         }
         Ok(watcher::Event::InitApply(o)) => {
             let name = o.metadata.name.clone().unwrap_or_default();
-            cache.listing.entry(kind.to_string()).or_default().insert(name, Live::of(&o));
+            cache.listing.entry(kind.to_string()).or_default().insert(name, Live::of(o));
             Vec::new()
         }
         Ok(watcher::Event::InitDone) => {
@@ -554,16 +552,22 @@ fn track(
             cache.swap_list(kind, listed)
         }
         Ok(watcher::Event::Apply(o)) => {
-            let live = Live::of(&o);
+            let name = o.metadata.name.clone().unwrap_or_default();
+            let live = Live::of(o);
             let gateway = live.gateway.clone();
-            cache.put(key(kind, o.metadata.name.as_deref().unwrap_or("")), live);
+            cache.put(key(kind, &name), live);
             gateway.into_iter().collect()
         }
         Ok(watcher::Event::Delete(o)) => {
             let k = key(kind, o.metadata.name.as_deref().unwrap_or(""));
             cache.take(&k);
             cache.applied.remove(&k);
-            Live::of(&o).gateway.into_iter().collect()
+            o.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_GATEWAY).cloned())
+                .into_iter()
+                .collect()
         }
         Err(e) => {
             tracing::warn!(kind, error = %e, "watch of owned objects interrupted; it resumes by itself");
