@@ -8,9 +8,11 @@
 #              built from the Go modules pinned in tests/k8s/tools/*/go.mod,
 #              into a cache outside the clone keyed by those pins and the Go
 #              version; a second run finds them there and takes seconds.
+#   etcd       Debian's etcd-server (etcd 3.4): the anchor `gantry-bench
+#              versus` runs side by side with gantry (needs root).
 #   bin-dir    print the directory the k8s binaries are (or would be) in, and
 #              build nothing; the Rust test harness asks this.
-#   all        postgres, then k8s (the default).
+#   all        postgres, etcd, then k8s (the default).
 #
 # Everything is fetched through Debian's packages and the Go module proxy.
 # GANTRY_K8S_CACHE moves the cache (default ~/.cache/gantry/k8s).
@@ -62,6 +64,16 @@ setup_postgres() {
   echo "postgres: ready on 127.0.0.1:5432 (database test, trust auth)"
 }
 
+setup_etcd() {
+  if ! command -v etcd >/dev/null; then
+    echo "etcd: installing etcd-server from Debian's packages"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq etcd-server >/dev/null
+  fi
+  echo "etcd: $(etcd --version | head -n1) (started by gantry-bench versus, not here)"
+}
+
 setup_k8s() {
   local dir tmp version minor ldflags
   dir="$(bin_dir)"
@@ -99,6 +111,7 @@ case "${1:-all}" in
   postgres) setup_postgres ;;
   k8s) setup_k8s ;;
   bin-dir) bin_dir ;;
-  all) setup_postgres; setup_k8s ;;
-  *) echo "usage: $0 [all|postgres|k8s|bin-dir]" >&2; exit 2 ;;
+  etcd) setup_etcd ;;
+  all) setup_postgres; setup_etcd; setup_k8s ;;
+  *) echo "usage: $0 [all|postgres|etcd|k8s|bin-dir]" >&2; exit 2 ;;
 esac

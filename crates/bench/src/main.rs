@@ -4,6 +4,7 @@
 //! throughput, latency percentiles and each process's RSS and CPU. Progress
 //! goes to stderr. Timings are measured here, never asserted by tests.
 
+mod etcd;
 mod procs;
 mod report;
 mod tracker;
@@ -22,7 +23,7 @@ use gantry_client::{ClientConfig, GatewayClient};
 use serde_json::{json, Value};
 use tokio_stream::StreamExt;
 
-use procs::{Reconciler, Store, Usage};
+use procs::{Etcd, Reconciler, Store, Usage};
 use tracker::Tracker;
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,6 +64,9 @@ pub struct Args {
     /// files next to it.
     #[arg(long, global = true, env = "GANTRY_BENCH_APPEND")]
     append: Option<PathBuf>,
+    /// etcd binary for `versus` (Debian's etcd-server installs `etcd`).
+    #[arg(long, global = true, env = "GANTRY_BENCH_ETCD_BIN", default_value = "etcd")]
+    etcd_bin: PathBuf,
     #[command(subcommand)]
     scenario: Scenario,
 }
@@ -85,6 +89,9 @@ enum Scenario {
     Scale,
     /// Converged gateways left alone: CPU, cluster requests, store requests.
     Idle,
+    /// The write and watch work run against etcd and gantry in turn, in
+    /// one run: each side's numbers and gantry's ratio to etcd.
+    Versus,
     /// Every scenario.
     All,
 }
@@ -170,33 +177,157 @@ async fn read(args: &Args, config_bytes: usize, samples: usize) -> anyhow::Resul
     Ok(result)
 }
 
-async fn write(args: &Args, clients: usize, duration: Duration) -> anyhow::Result<Value> {
-    let store = Store::start(args, 4096).await?;
-    eprintln!("write: {clients} clients for {duration:?} on {}", args.backend.name());
-    let mut setup = store.client()?;
-    for c in 0..clients {
-        setup
-            .create_gateway(CreateGatewayRequest {
-                gateway: Some(gateway(&format!("w{c}"), "gw:0", &[])),
-            })
-            .await?;
+/// Which server a run measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum System {
+    /// gateway-store on `--backend`.
+    Gantry,
+    /// etcd, on the same client work.
+    Etcd,
+}
+
+/// etcd values in the side-by-side runs: about the size of a small
+/// gateway as the store keeps it.
+const ETCD_VALUE_BYTES: usize = 600;
+
+/// A running server of either kind.
+enum Server {
+    Gantry(Store),
+    Etcd(Etcd),
+}
+
+/// One connection to a [`Server`].
+#[derive(Clone)]
+enum Connection {
+    Gantry(GatewayClient),
+    Etcd(tonic::transport::Channel),
+}
+
+type Stamps = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Vec<u64>> + Send>>;
+
+impl Server {
+    async fn start(args: &Args, system: System, watch_buffer: usize) -> anyhow::Result<Server> {
+        Ok(match system {
+            System::Gantry => Server::Gantry(Store::start(args, watch_buffer).await?),
+            System::Etcd => Server::Etcd(Etcd::start(args).await?),
+        })
     }
-    let before = store.usage();
+
+    fn name(&self, args: &Args) -> &'static str {
+        match self {
+            Server::Gantry(_) => args.backend.name(),
+            Server::Etcd(_) => "etcd",
+        }
+    }
+
+    fn usage(&self) -> Usage {
+        match self {
+            Server::Gantry(s) => s.usage(),
+            Server::Etcd(e) => e.usage(),
+        }
+    }
+
+    /// A new connection (HTTP/2, shared by the calls made on clones).
+    async fn connect(&self) -> anyhow::Result<Connection> {
+        Ok(match self {
+            Server::Gantry(s) => Connection::Gantry(
+                gantry_client::connect(&ClientConfig {
+                    endpoint: s.endpoint.clone(),
+                    ..Default::default()
+                })
+                .await?,
+            ),
+            Server::Etcd(e) => Connection::Etcd(e.channel().await?),
+        })
+    }
+
+    /// Makes `key` exist, so that writes are updates.
+    async fn create(&self, key: &str) -> anyhow::Result<()> {
+        if let Server::Gantry(s) = self {
+            s.client()?
+                .create_gateway(CreateGatewayRequest { gateway: Some(gateway(key, "gw:0", &[])) })
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn stop(self) {
+        match self {
+            Server::Gantry(s) => s.stop().await,
+            Server::Etcd(e) => e.stop(),
+        }
+    }
+}
+
+impl Connection {
+    /// A durable write of `key`, its `i`th version, carrying `stamp` (the
+    /// sender's clock) for watchers: UpdateGateway of a small spec, or an
+    /// etcd Put of [`ETCD_VALUE_BYTES`].
+    async fn write(&mut self, key: &str, i: u64, stamp: Option<u64>) -> anyhow::Result<()> {
+        match self {
+            Connection::Gantry(client) => {
+                let config: Vec<(&str, String)> =
+                    stamp.map(|t| ("t", t.to_string())).into_iter().collect();
+                update_spec(client, gateway(key, &format!("gw:{i}"), &config)).await?;
+            }
+            Connection::Etcd(channel) => {
+                let mut kv = etcd::Kv::new(channel.clone());
+                etcd::put(&mut kv, key, &etcd::stamped_value(stamp.unwrap_or(i), ETCD_VALUE_BYTES))
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A watch stream from now on (gantry: every gateway; etcd: `key`),
+    /// yielding the stamps of the events of each message received.
+    async fn watch(&self, key: &str) -> anyhow::Result<Stamps> {
+        Ok(match self {
+            Connection::Gantry(client) => {
+                let stream = client
+                    .clone()
+                    .watch_gateways(WatchGatewaysRequest::default())
+                    .await?
+                    .into_inner();
+                Box::pin(stream.map_while(Result::ok).map(|e| {
+                    e.gateway
+                        .and_then(|g| g.spec?.config.get("t")?.parse().ok())
+                        .into_iter()
+                        .collect()
+                }))
+            }
+            Connection::Etcd(channel) => Box::pin(etcd::watch(channel.clone(), key).await?),
+        })
+    }
+}
+
+async fn write(
+    args: &Args,
+    system: System,
+    clients: usize,
+    duration: Duration,
+) -> anyhow::Result<Value> {
+    let server = Server::start(args, system, 4096).await?;
+    let backend = server.name(args);
+    eprintln!("write: {clients} clients for {duration:?} on {backend}");
+    for c in 0..clients {
+        server.create(&format!("w{c}")).await?;
+    }
+    let before = server.usage();
+    let mut connections = Vec::with_capacity(clients);
+    for _ in 0..clients {
+        connections.push(server.connect().await?);
+    }
     let deadline = Instant::now() + duration;
     let mut tasks = Vec::new();
-    for c in 0..clients {
-        let mut client = ClientConfig { endpoint: store.endpoint.clone(), ..Default::default() }
-            .connect_lazy()?;
+    for (c, mut connection) in connections.into_iter().enumerate() {
         tasks.push(tokio::spawn(async move {
-            let mut latencies = Vec::new();
+            let (key, mut latencies) = (format!("w{c}"), Vec::new());
             let mut i = 0u64;
             while Instant::now() < deadline {
                 i += 1;
                 let started = Instant::now();
-                if update_spec(&mut client, gateway(&format!("w{c}"), &format!("gw:{i}"), &[]))
-                    .await
-                    .is_ok()
-                {
+                if connection.write(&key, i, None).await.is_ok() {
                     latencies.push(started.elapsed().as_micros() as u64);
                 }
             }
@@ -209,12 +340,12 @@ async fn write(args: &Args, clients: usize, duration: Duration) -> anyhow::Resul
     }
     let ops = all.len();
     let result = json!({
-        "scenario": "write", "backend": args.backend.name(), "clients": clients,
+        "scenario": "write", "backend": backend, "clients": clients,
         "duration_s": duration.as_secs_f64(), "acknowledged_writes": ops,
         "writes_per_s": (ops as f64 / duration.as_secs_f64()).round(),
-        "latency": percentiles(all), "store": store.usage().since(before),
+        "latency": percentiles(all), "store": server.usage().since(before),
     });
-    store.stop().await;
+    server.stop().await;
     Ok(result)
 }
 
@@ -225,37 +356,35 @@ enum Pace {
     PerSecond(u32),
 }
 
+/// `watchers` watch streams spread over `connections` connections while
+/// one writer changes one key (`pace`) for `duration`.
 async fn watch(
     args: &Args,
+    system: System,
     watchers: usize,
-    shared_connection: bool,
+    connections: usize,
     pace: Pace,
     duration: Duration,
 ) -> anyhow::Result<Value> {
-    let store = Store::start(args, 65_536).await?;
-    let connections = if shared_connection { 1 } else { watchers };
+    let server = Server::start(args, system, 65_536).await?;
+    let backend = server.name(args);
+    let connections = connections.clamp(1, watchers.max(1));
     eprintln!(
-        "watch: {watchers} watchers on {connections} connection(s), writes {pace:?}, for {duration:?} on {}",
-        args.backend.name()
+        "watch: {watchers} watchers on {connections} connection(s), writes {pace:?}, for {duration:?} on {backend}"
     );
-    let mut writer = store.client()?;
-    writer
-        .create_gateway(CreateGatewayRequest { gateway: Some(gateway("hot", "gw:0", &[])) })
-        .await?;
-    let rss_before = store.usage().rss_kib;
+    server.create("hot").await?;
+    let mut writer = server.connect().await?;
+    let rss_before = server.usage().rss_kib;
     let epoch = Instant::now();
     let received = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(tokio::sync::Notify::new());
-    let config = ClientConfig { endpoint: store.endpoint.clone(), ..Default::default() };
-    let shared = gantry_client::connect(&config).await?;
+    let mut shared = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        shared.push(server.connect().await?);
+    }
     let mut tasks = Vec::new();
-    for _ in 0..watchers {
-        let mut client = if shared_connection {
-            shared.clone()
-        } else {
-            gantry_client::connect(&config).await?
-        };
-        let mut stream = client.watch_gateways(WatchGatewaysRequest::default()).await?.into_inner();
+    for w in 0..watchers {
+        let mut stream = shared[w % connections].watch("hot").await?;
         let (received, stop) = (received.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
@@ -263,15 +392,14 @@ async fn watch(
                 tokio::select! {
                     () = stop.notified() => break,
                     event = stream.next() => match event {
-                        Some(Ok(e)) => {
-                            let sent: Option<u64> = e.gateway.and_then(|g| g.spec?.config.get("t")?.parse().ok());
-                            if let Some(sent) = sent {
-                                let now = epoch.elapsed().as_micros() as u64;
-                                latencies.push(now.saturating_sub(sent));
-                                received.fetch_add(1, Ordering::Relaxed);
+                        Some(stamps) => {
+                            let now = epoch.elapsed().as_micros() as u64;
+                            for sent in &stamps {
+                                latencies.push(now.saturating_sub(*sent));
                             }
+                            received.fetch_add(stamps.len() as u64, Ordering::Relaxed);
                         }
-                        _ => break,
+                        None => break,
                     },
                 }
             }
@@ -279,7 +407,7 @@ async fn watch(
         }));
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let watching = store.usage();
+    let watching = server.usage();
     let received_before = received.load(Ordering::Relaxed);
     let deadline = Instant::now() + duration;
     let mut writes = 0u64;
@@ -293,12 +421,11 @@ async fn watch(
         if let Some(ticks) = ticks.as_mut() {
             ticks.tick().await;
         }
-        let t = epoch.elapsed().as_micros().to_string();
-        update_spec(&mut writer, gateway("hot", &format!("gw:{writes}"), &[("t", t)])).await?;
+        writer.write("hot", writes, Some(epoch.elapsed().as_micros() as u64)).await?;
         writes += 1;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let after = store.usage();
+    let after = server.usage();
     stop.notify_waiters();
     let mut all = Vec::new();
     for t in tasks {
@@ -312,15 +439,31 @@ async fn watch(
         Pace::PerSecond(r) => json!(r),
     };
     let result = json!({
-        "scenario": "watch", "backend": args.backend.name(), "watchers": watchers, "connections": connections,
+        "scenario": "watch", "backend": backend, "watchers": watchers, "connections": connections,
         "writes_per_s_target": pace_json, "duration_s": duration.as_secs_f64(), "writes": writes,
         "delivered_events": delivered, "undelivered_events": expected.saturating_sub(delivered),
         "delivered_per_s": (delivered as f64 / duration.as_secs_f64()).round(),
         "write_to_receive": percentiles(all),
         "store_rss_per_watcher_kib": (per_watcher * 10.0).round() / 10.0, "store": after.since(watching),
     });
-    store.stop().await;
+    server.stop().await;
     Ok(result)
+}
+
+/// One row comparing gantry's result `g` with etcd's `e` on the same work:
+/// throughput (`rate` field), its ratio, and latency (`latency` field).
+fn versus_row(case: &str, load: Value, g: &Value, e: &Value, rate: &str, latency: &str) -> Value {
+    let ms = |r: &Value, q: &str| r[latency][q].as_f64().map(|us| (us / 10.0).round() / 100.0);
+    let (gr, er) = (g[rate].as_f64().unwrap_or(0.0), e[rate].as_f64().unwrap_or(0.0));
+    json!({
+        "scenario": "versus", "case": case, "load": load, "backend": g["backend"],
+        "gantry_per_s": gr, "etcd_per_s": er,
+        "ratio": if er > 0.0 { (gr / er * 100.0).round() / 100.0 } else { 0.0 },
+        "gantry_p50_ms": ms(g, "p50_us"), "etcd_p50_ms": ms(e, "p50_us"),
+        "gantry_p99_ms": ms(g, "p99_us"), "etcd_p99_ms": ms(e, "p99_us"),
+        "gantry_rss_per_watcher_kib": g.get("store_rss_per_watcher_kib"),
+        "etcd_rss_per_watcher_kib": e.get("store_rss_per_watcher_kib"),
+    })
 }
 
 /// gateway-store, kube-fake (in this process, no rollout delay), and a
@@ -661,33 +804,56 @@ async fn run(args: &Args, scenario: Scenario) -> anyhow::Result<Vec<Value>> {
             let (clients, seconds): (&[usize], u64) =
                 if quick { (&[1, 16], 2) } else { (&[1, 16, 64, 256], 10) };
             for c in clients {
-                out.push(write(args, *c, secs(seconds)).await?);
+                out.push(write(args, System::Gantry, *c, secs(seconds)).await?);
             }
         }
         Scenario::Watch => {
-            // (watchers, shared connection, pace)
-            let runs: &[(usize, bool, Pace)] = if quick {
+            // (watchers, connections, pace)
+            let runs: &[(usize, usize, Pace)] = if quick {
                 &[
-                    (1, false, Pace::BackToBack),
-                    (100, false, Pace::BackToBack),
-                    (100, true, Pace::PerSecond(100)),
+                    (1, 1, Pace::BackToBack),
+                    (100, 100, Pace::BackToBack),
+                    (100, 1, Pace::PerSecond(100)),
                 ]
             } else {
                 &[
-                    (1, false, Pace::BackToBack),
-                    (100, false, Pace::BackToBack),
-                    (1000, false, Pace::BackToBack),
-                    (1000, true, Pace::BackToBack),
-                    (1000, false, Pace::PerSecond(100)),
-                    (10_000, false, Pace::PerSecond(10)),
-                    (10_000, true, Pace::PerSecond(10)),
+                    (1, 1, Pace::BackToBack),
+                    (100, 100, Pace::BackToBack),
+                    (1000, 1000, Pace::BackToBack),
+                    (1000, 1, Pace::BackToBack),
+                    (1000, 1000, Pace::PerSecond(100)),
+                    (10_000, 10_000, Pace::PerSecond(10)),
+                    (10_000, 1, Pace::PerSecond(10)),
                 ]
             };
-            for (watchers, shared, pace) in runs {
+            for (watchers, connections, pace) in runs {
+                let duration = secs(if quick { 2 } else { 10 });
                 out.push(
-                    watch(args, *watchers, *shared, *pace, secs(if quick { 2 } else { 10 }))
-                        .await?,
+                    watch(args, System::Gantry, *watchers, *connections, *pace, duration).await?,
                 );
+            }
+        }
+        Scenario::Versus => {
+            let (clients, seconds): (&[usize], u64) =
+                if quick { (&[1, 16], 2) } else { (&[1, 16, 64], 10) };
+            for c in clients {
+                let e = write(args, System::Etcd, *c, secs(seconds)).await?;
+                let g = write(args, System::Gantry, *c, secs(seconds)).await?;
+                out.push(versus_row("write", json!(c), &g, &e, "writes_per_s", "latency"));
+                out.extend([e, g]);
+            }
+            // (watchers, connections)
+            let runs: &[(usize, usize)] =
+                if quick { &[(100, 100), (100, 10)] } else { &[(1000, 1000), (1000, 10)] };
+            for (watchers, connections) in runs {
+                let run = |system| {
+                    watch(args, system, *watchers, *connections, Pace::BackToBack, secs(seconds))
+                };
+                let e = run(System::Etcd).await?;
+                let g = run(System::Gantry).await?;
+                let load = json!(format!("{watchers}/{connections}"));
+                out.push(versus_row("watch", load, &g, &e, "delivered_per_s", "write_to_receive"));
+                out.extend([e, g]);
             }
         }
         Scenario::Converge => {
@@ -723,6 +889,7 @@ async fn main() -> anyhow::Result<()> {
             Scenario::Converge,
             Scenario::Scale,
             Scenario::Idle,
+            Scenario::Versus,
         ],
         one => vec![one],
     };

@@ -258,3 +258,74 @@ impl Drop for Reconciler {
         let _ = self.child.kill();
     }
 }
+
+/// An etcd server (Debian's `etcd-server`, or `--etcd-bin`) on a fresh data
+/// directory, one member, default durability (fsync on every commit).
+pub struct Etcd {
+    child: Child,
+    pub endpoint: String,
+    dir: PathBuf,
+}
+
+impl Etcd {
+    pub async fn start(args: &Args) -> anyhow::Result<Etcd> {
+        let dir = std::env::temp_dir()
+            .join(format!("gantry-bench-etcd-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir)?;
+        let (client, peer) = (free_port(), free_port());
+        let client_url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = Command::new(&args.etcd_bin)
+            .args(["--name", "bench", "--data-dir"])
+            .arg(dir.join("data"))
+            .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
+            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("bench={peer_url}"), "--log-level", "error"])
+            .args(["--logger", "zap"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| {
+                format!(
+                    "start {} (install Debian's etcd-server, or pass --etcd-bin)",
+                    args.etcd_bin.display()
+                )
+            })?;
+        let etcd = Etcd { child, endpoint: client_url, dir };
+        for _ in 0..600 {
+            if let Ok(mut kv) = etcd.kv().await {
+                if crate::etcd::put(&mut kv, "ready", b"1").await.is_ok() {
+                    return Ok(etcd);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        anyhow::bail!("etcd did not start")
+    }
+
+    /// A KV client on a new connection.
+    pub async fn kv(&self) -> anyhow::Result<crate::etcd::Kv> {
+        Ok(crate::etcd::Kv::new(self.channel().await?))
+    }
+
+    /// A new connection.
+    pub async fn channel(&self) -> anyhow::Result<tonic::transport::Channel> {
+        Ok(tonic::transport::Endpoint::from_shared(self.endpoint.clone())?.connect().await?)
+    }
+
+    pub fn usage(&self) -> Usage {
+        Usage::of(self.child.id())
+    }
+
+    pub fn stop(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}
