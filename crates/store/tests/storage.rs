@@ -94,7 +94,58 @@ async fn a_batch_of_only_failures_writes_nothing(store: &TestStore) {
     assert_eq!(storage.current_revision().await.unwrap(), before.last().copied().unwrap_or(1));
 }
 
-on_both_backends!(a_failing_write_in_a_batch_fails_alone, a_batch_of_only_failures_writes_nothing);
+/// A statement of a batch that the database refuses (a trigger raising an
+/// error on the event of the name `poison`): the whole batch fails as not
+/// committed (not as an unknown outcome), nothing of it is stored, and the
+/// writer's connection is left usable (on SQLite the batch begins and
+/// commits its transaction in its own statements, so a connection left
+/// mid-transaction would refuse every later batch).
+async fn a_batch_the_database_refuses_writes_nothing_and_the_next_commits(store: &TestStore) {
+    let storage = store.storage.clone();
+    storage.write_batch(vec![create_write("before")]).await.unwrap().pop().unwrap().unwrap();
+    store
+        .execute_raw(match store.backend {
+            Backend::Sqlite => {
+                "CREATE TRIGGER refuse_poison BEFORE INSERT ON gateway_events \
+                 WHEN NEW.name = 'poison' BEGIN SELECT RAISE(ABORT, 'injected refusal'); END"
+            }
+            Backend::Postgres => {
+                "CREATE FUNCTION refuse_poison() RETURNS trigger AS $$ BEGIN \
+                 IF NEW.name = 'poison' THEN RAISE EXCEPTION 'injected refusal'; END IF; \
+                 RETURN NEW; END $$ LANGUAGE plpgsql; \
+                 CREATE TRIGGER refuse_poison BEFORE INSERT ON gateway_events \
+                 FOR EACH ROW EXECUTE FUNCTION refuse_poison()"
+            }
+        })
+        .await;
+    let (events, revision) =
+        (store.event_revisions().await, storage.current_revision().await.unwrap());
+
+    for round in 0..3 {
+        let refused = storage.write_batch(vec![create_write("fine"), create_write("poison")]).await;
+        match refused {
+            Err(StorageError::Database(e)) => {
+                assert!(e.to_string().contains("injected refusal"), "round {round}: {e}")
+            }
+            other => panic!("round {round}: the batch must fail as not committed: {other:?}"),
+        }
+        assert!(storage.get("fine").await.unwrap().is_none(), "round {round}");
+        assert_eq!(store.event_revisions().await, events, "round {round}");
+        assert_eq!(storage.current_revision().await.unwrap(), revision, "round {round}");
+    }
+
+    let committed = storage.write_batch(vec![create_write("fine")]).await.unwrap();
+    let event = committed[0].as_ref().unwrap().event.clone().unwrap();
+    assert_eq!(event.revision, revision + 1);
+    assert!(storage.get("fine").await.unwrap().is_some());
+    assert_eq!(store.event_revisions().await.last(), Some(&(revision + 1)));
+}
+
+on_both_backends!(
+    a_failing_write_in_a_batch_fails_alone,
+    a_batch_of_only_failures_writes_nothing,
+    a_batch_the_database_refuses_writes_nothing_and_the_next_commits
+);
 
 /// Store replicas cannot race on a name: every batch takes the revision
 /// lock first. A writer that bypasses gateway-store and inserts a name

@@ -9,29 +9,148 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gantry_api::v1::Gateway;
+use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+    Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
 };
 
 use super::{
-    batch_names, changed_behind_our_back, compact_in, decode, encode_labels, events_after_in,
-    list_in, now_ms, page_token_key_in, plan_batch, sql, stored_rows, Committed, Event, Page,
+    batch_names, compact_in, decode, encode_labels, events_after_in, list_in, now_ms,
+    page_token_key_in, plan_batch, sql, stored_rows, BatchPlan, Committed, Event, EventRow, Page,
     PendingWrite, Retention, RowColumns, Snapshot, Storage, StorageError,
 };
 
-/// Rows of a JSON array of names (SQLite has no array parameters).
-const SELECT_ROWS: &str =
-    "SELECT name, object FROM gateways WHERE name IN (SELECT value FROM json_each($1))";
-/// Inserts nothing when the name is taken: see [`changed_behind_our_back`].
-const INSERT: &str = "INSERT INTO gateways \
+/// Opens the batch's transaction, taking SQLite's write lock up front (no
+/// read in the batch can be invalidated before it writes), and reads the
+/// store revision and the rows of a JSON array of names (SQLite has no
+/// array parameters): one row with NULL name and object when none exists.
+const READ_BATCH: &str =
+    "BEGIN IMMEDIATE; SELECT r.revision, g.name, g.object FROM store_revision AS r \
+    LEFT JOIN gateways AS g ON g.name IN (SELECT value FROM json_each($1)) WHERE r.id = 1";
+/// Everything a batch stores and its commit, as one query string run in
+/// one call to SQLite's thread (each statement prepared once): the rows
+/// put (`$1`, a JSON array of `[name, uid, generation, observed_generation,
+/// resource_version, deleting, offset, length]`, objects cut from the blob
+/// `$2`), the rows removed (`$3`, names), the events (`$5`, `[revision,
+/// event_type, name, offset, length, prev_labels offset, length,
+/// prev_object offset, length]`, `$4` their time) and the new revision
+/// (`$6`). `substr` of a blob counts bytes, from 1; of NULL is NULL.
+///
+/// The upsert cannot overwrite a row this batch did not read, nor the
+/// DELETE miss one: the batch holds SQLite's write lock from `BEGIN
+/// IMMEDIATE` to its commit.
+const WRITE_BATCH: &str = "INSERT INTO gateways \
     (name, uid, generation, observed_generation, resource_version, deleting, object) \
-    VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (name) DO NOTHING";
-const UPDATE: &str = "UPDATE gateways SET uid = $2, generation = $3, \
-    observed_generation = $4, resource_version = $5, deleting = $6, object = $7 WHERE name = $1";
-const DELETE: &str = "DELETE FROM gateways WHERE name = $1";
-const INSERT_EVENT: &str = "INSERT INTO gateway_events \
+    SELECT r.value ->> 0, r.value ->> 1, r.value ->> 2, r.value ->> 3, r.value ->> 4, \
+    r.value ->> 5, substr($2, r.value ->> 6, r.value ->> 7) FROM json_each($1) AS r WHERE true \
+    ON CONFLICT (name) DO UPDATE SET uid = excluded.uid, generation = excluded.generation, \
+    observed_generation = excluded.observed_generation, \
+    resource_version = excluded.resource_version, deleting = excluded.deleting, \
+    object = excluded.object; \
+    DELETE FROM gateways WHERE name IN (SELECT value FROM json_each($3)); \
+    INSERT INTO gateway_events \
     (revision, event_type, name, object, created_at_ms, prev_labels, prev_object) \
-    VALUES ($1, $2, $3, $4, $5, $6, $7)";
+    SELECT e.value ->> 0, e.value ->> 1, e.value ->> 2, substr($2, e.value ->> 3, e.value ->> 4), \
+    $4, substr($2, e.value ->> 5, e.value ->> 6), substr($2, e.value ->> 7, e.value ->> 8) \
+    FROM json_each($5) AS e; \
+    UPDATE store_revision SET revision = $6 WHERE id = 1; \
+    COMMIT";
+
+/// The parameters of [`WRITE_BATCH`] for a plan: every byte string
+/// appended once to one blob, referred to by offset and length.
+#[derive(Default)]
+struct BatchParams {
+    blob: Vec<u8>,
+    puts: Vec<serde_json::Value>,
+    removes: Vec<String>,
+    events: Vec<serde_json::Value>,
+}
+
+impl BatchParams {
+    /// Appends `bytes`; its 1-based offset and length (JSON nulls for none).
+    fn slice(&mut self, bytes: Option<&[u8]>) -> [serde_json::Value; 2] {
+        match bytes {
+            None => [serde_json::Value::Null, serde_json::Value::Null],
+            Some(bytes) => {
+                let offset = self.blob.len() + 1;
+                self.blob.extend_from_slice(bytes);
+                [offset.into(), bytes.len().into()]
+            }
+        }
+    }
+
+    fn of(plan: &BatchPlan) -> Self {
+        let mut params = Self::default();
+        for row in &plan.rows {
+            match plan.after(row) {
+                None => params.removes.push(row.name.clone()),
+                Some((gateway, bytes)) => {
+                    let c = RowColumns::of(gateway);
+                    let [offset, length] = params.slice(Some(bytes));
+                    params.puts.push(serde_json::json!([
+                        row.name,
+                        c.uid,
+                        c.generation,
+                        c.observed_generation,
+                        c.resource_version,
+                        i64::from(c.deleting),
+                        offset,
+                        length
+                    ]));
+                }
+            }
+        }
+        for row @ EventRow { event, prev, .. } in &plan.events {
+            let [object, object_len] = params.slice(Some(row.bytes()));
+            let labels = event.prev_labels.as_ref().map(encode_labels);
+            let [labels, labels_len] = params.slice(labels.as_deref());
+            let [prev, prev_len] = params.slice(prev.as_deref());
+            params.events.push(serde_json::json!([
+                event.revision,
+                event.kind as i32,
+                event.name(),
+                object,
+                object_len,
+                labels,
+                labels_len,
+                prev,
+                prev_len
+            ]));
+        }
+        params
+    }
+}
+
+/// The writer connection inside a batch's transaction. The transaction is
+/// begun and committed by the batch's own statements ([`READ_BATCH`],
+/// [`WRITE_BATCH`]), two calls to SQLite's thread instead of four, so sqlx
+/// does not track it: dropped before [`BatchTx::done`] (an error, or the
+/// task cancelled), the connection is closed, which rolls back whatever
+/// was not committed, rather than returned to the pool mid-transaction.
+struct BatchTx {
+    conn: PoolConnection<Sqlite>,
+    done: bool,
+}
+
+impl BatchTx {
+    /// Ends a transaction that is still open without changing anything.
+    /// True when one was open (nothing it held is committed); false when
+    /// SQLite had already ended it.
+    async fn rollback(mut self) -> bool {
+        let open = sqlx::query("ROLLBACK").execute(&mut *self.conn).await.is_ok();
+        self.done = open;
+        open
+    }
+}
+
+impl Drop for BatchTx {
+    fn drop(&mut self) {
+        if !self.done {
+            self.conn.close_on_drop();
+        }
+    }
+}
 
 /// Gateways in a SQLite file.
 #[derive(Debug, Clone)]
@@ -95,53 +214,55 @@ impl Storage for SqliteStorage {
         &self,
         writes: Vec<PendingWrite>,
     ) -> Result<Vec<Result<Committed, StorageError>>, StorageError> {
-        // IMMEDIATE takes the write lock up front, so no read in the batch
-        // can be invalidated before this transaction writes.
-        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-        let (base,): (i64,) = sqlx::query_as(sql::LOCK_REVISION).fetch_one(&mut *tx).await?;
+        let mut tx = BatchTx { conn: self.writer.acquire().await?, done: false };
         let names = serde_json::Value::from(batch_names(&writes)).to_string();
-        let rows = sqlx::query_as(SELECT_ROWS).bind(names).fetch_all(&mut *tx).await?;
-        let plan = plan_batch(&stored_rows(rows), writes, base);
-        if plan.revision == base {
-            // Nothing changed: the dropped transaction rolls back.
-            return Ok(plan.results);
-        }
-        for row in &plan.rows {
-            let query = match plan.after(row) {
-                None => sqlx::query(DELETE).bind(&row.name),
-                Some((gateway, bytes)) => {
-                    let columns = RowColumns::of(gateway);
-                    sqlx::query(if row.existed { UPDATE } else { INSERT })
-                        .bind(&row.name)
-                        .bind(columns.uid)
-                        .bind(columns.generation)
-                        .bind(columns.observed_generation)
-                        .bind(columns.resource_version)
-                        .bind(columns.deleting)
-                        .bind(bytes)
+        let read: Vec<(i64, Option<String>, Option<Vec<u8>>)> =
+            match sqlx::query_as(READ_BATCH).bind(names).fetch_all(&mut *tx.conn).await {
+                Ok(read) => read,
+                Err(e) => {
+                    tx.rollback().await;
+                    return Err(e.into());
                 }
             };
-            if query.execute(&mut *tx).await?.rows_affected() != 1 {
-                return Err(changed_behind_our_back(&row.name));
+        let base = read.first().map_or(0, |(revision, _, _)| *revision);
+        let rows = read.into_iter().filter_map(|(_, name, object)| Some((name?, object?)));
+        let plan = plan_batch(&stored_rows(rows.collect()), writes, base);
+        if plan.revision == base {
+            // Nothing changed.
+            tx.rollback().await;
+            return Ok(plan.results);
+        }
+        let params = BatchParams::of(&plan);
+        let expected = params.puts.len() + params.removes.len() + params.events.len() + 1;
+        let written = sqlx::query(WRITE_BATCH)
+            .bind(serde_json::Value::from(params.puts).to_string())
+            .bind(params.blob)
+            .bind(serde_json::Value::from(params.removes).to_string())
+            .bind(now_ms())
+            .bind(serde_json::Value::from(params.events).to_string())
+            .bind(plan.revision)
+            .execute(&mut *tx.conn)
+            .await;
+        match written {
+            Ok(written) => {
+                tx.done = true;
+                if written.rows_affected() != expected as u64 {
+                    // Committed: the write lock makes this impossible, so it
+                    // is a bug to report, not an outcome to hide.
+                    tracing::error!(
+                        expected,
+                        written = written.rows_affected(),
+                        "a SQLite batch wrote another number of rows than it planned"
+                    );
+                }
+                Ok(plan.results)
             }
+            // Still open: nothing of the batch is committed.
+            Err(e) if tx.rollback().await => Err(e.into()),
+            // SQLite ended the transaction itself: the commit may have been
+            // under way.
+            Err(e) => Err(StorageError::CommitUnknown(e.to_string())),
         }
-        let now = now_ms();
-        for row @ super::EventRow { event, prev, .. } in &plan.events {
-            sqlx::query(INSERT_EVENT)
-                .bind(event.revision)
-                .bind(event.kind as i32)
-                .bind(event.name())
-                .bind(row.bytes())
-                .bind(now)
-                .bind(event.prev_labels.as_ref().map(encode_labels))
-                .bind(prev.as_deref())
-                .execute(&mut *tx)
-                .await?;
-        }
-        sqlx::query(sql::SET_REVISION).bind(plan.revision).execute(&mut *tx).await?;
-        // Sent: from here a failure leaves the outcome unknown.
-        tx.commit().await.map_err(|e| StorageError::CommitUnknown(e.to_string()))?;
-        Ok(plan.results)
     }
 
     async fn events_after(

@@ -233,6 +233,21 @@ impl TestStore {
         }
     }
 
+    /// Runs `sql` (several statements allowed) on the store's database over
+    /// a connection of the test's own.
+    pub async fn execute_raw(&self, sql: &str) {
+        match self.backend {
+            Backend::Sqlite => {
+                let mut c = sqlx::SqliteConnection::connect(&self.database.url).await.unwrap();
+                sqlx::raw_sql(sql).execute(&mut c).await.unwrap();
+            }
+            Backend::Postgres => {
+                let mut c = sqlx::PgConnection::connect(&self.database.url).await.unwrap();
+                sqlx::raw_sql(sql).execute(&mut c).await.unwrap();
+            }
+        }
+    }
+
     /// Every revision in the events table, in order.
     pub async fn event_revisions(&self) -> Vec<i64> {
         let sql = "SELECT revision FROM gateway_events ORDER BY revision";
