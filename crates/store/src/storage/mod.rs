@@ -255,12 +255,6 @@ pub(crate) fn decode_event(
 /// each backend keeps the statements only it runs.
 pub(crate) mod sql {
     pub const SELECT_OBJECT: &str = "SELECT object FROM gateways WHERE name = $1";
-    /// Locks the revision row for the batch (a plain SELECT would not on
-    /// PostgreSQL) and reads it. Every writer takes it first, so writers
-    /// serialize on it and rows need no locks of their own.
-    pub const LOCK_REVISION: &str =
-        "UPDATE store_revision SET revision = revision WHERE id = 1 RETURNING revision";
-    pub const SET_REVISION: &str = "UPDATE store_revision SET revision = $1 WHERE id = 1";
     pub const CURRENT_REVISION: &str = "SELECT revision FROM store_revision WHERE id = 1";
     /// Names and sizes of the rows unchanged since revision $2, after $1.
     pub const PAGE_SIZES: &str = "SELECT name, CAST(LENGTH(object) AS BIGINT) FROM gateways \

@@ -10,9 +10,10 @@
 //! lock first, the batch reads its rows without row locks and cannot
 //! deadlock.
 //!
-//! A batch costs a constant number of statements whatever its size: one
-//! read of all its rows (`= ANY`), one UPDATE, INSERT and DELETE each for
-//! the changed rows and one INSERT of the events (`UNNEST` of arrays).
+//! A batch costs four round trips whatever its size: BEGIN with the lock,
+//! one read of all its rows (`= ANY`), one statement that updates, inserts
+//! and deletes the changed rows, inserts the events (`UNNEST` of arrays),
+//! sets the revision and notifies, and COMMIT.
 //!
 //! Several store replicas: each commit sends `NOTIFY gantry_events` inside
 //! its transaction (delivered at commit); every replica LISTENs and then
@@ -30,24 +31,41 @@ use super::{
     PendingWrite, Retention, RowColumns, Snapshot, Storage, StorageError,
 };
 
-const SELECT_ROWS: &str = "SELECT name, object FROM gateways WHERE name = ANY($1)";
-/// The `ANY` condition lets the planner find the rows by the primary key
-/// rather than hash-joining a scan of the table.
-const UPDATE_ROWS: &str = "UPDATE gateways AS g SET uid = u.uid, generation = u.generation, \
-    observed_generation = u.observed_generation, resource_version = u.resource_version, \
-    deleting = u.deleting, object = u.object \
+/// Begins the batch's transaction and takes the revision lock, in one
+/// round trip (a simple query of two statements). Every writer takes the
+/// lock first, so writers serialize on it and rows need no locks of their
+/// own.
+const BEGIN_AND_LOCK: &str = "BEGIN; UPDATE store_revision SET revision = revision WHERE id = 1";
+/// The locked revision and the rows a batch names (one row with NULL name
+/// and object when none exists). A statement after the lock, so that its
+/// snapshot holds every commit made before the lock was granted.
+const READ_BATCH: &str = "SELECT r.revision, g.name, g.object FROM store_revision AS r \
+    LEFT JOIN gateways AS g ON g.name = ANY($1) WHERE r.id = 1";
+/// Everything a batch stores, in one statement: rows updated ($1..$7; the
+/// `ANY` condition lets the planner find them by the primary key rather
+/// than hash-joining a scan), inserted ($8..$14), deleted ($15), the
+/// events ($16..$22), the new revision ($23) and the notification to the
+/// other replicas ($24, delivered at commit). Answers how many rows each
+/// part touched.
+const WRITE_BATCH: &str = "WITH updated AS (UPDATE gateways AS g SET uid = u.uid, \
+    generation = u.generation, observed_generation = u.observed_generation, \
+    resource_version = u.resource_version, deleting = u.deleting, object = u.object \
     FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::bool[], $7::bytea[]) \
     AS u(name, uid, generation, observed_generation, resource_version, deleting, object) \
-    WHERE g.name = u.name AND g.name = ANY($1)";
-const INSERT_ROWS: &str = "INSERT INTO gateways \
+    WHERE g.name = u.name AND g.name = ANY($1) RETURNING 1), \
+    inserted AS (INSERT INTO gateways \
     (name, uid, generation, observed_generation, resource_version, deleting, object) \
-    SELECT * FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::bool[], $7::bytea[]) \
-    ON CONFLICT (name) DO NOTHING";
-const DELETE_ROWS: &str = "DELETE FROM gateways WHERE name = ANY($1)";
-const INSERT_EVENTS: &str = "INSERT INTO gateway_events \
+    SELECT * FROM UNNEST($8::text[], $9::text[], $10::int8[], $11::int8[], $12::int8[], \
+    $13::bool[], $14::bytea[]) ON CONFLICT (name) DO NOTHING RETURNING 1), \
+    deleted AS (DELETE FROM gateways WHERE name = ANY($15) RETURNING 1), \
+    events AS (INSERT INTO gateway_events \
     (revision, event_type, name, object, created_at_ms, prev_labels, prev_object) \
-    SELECT * FROM UNNEST($1::int8[], $2::int4[], $3::text[], $4::bytea[], $5::int8[], $6::bytea[], \
-    $7::bytea[])";
+    SELECT * FROM UNNEST($16::int8[], $17::int4[], $18::text[], $19::bytea[], $20::int8[], \
+    $21::bytea[], $22::bytea[]) RETURNING 1), \
+    revision AS (UPDATE store_revision SET revision = $23 WHERE id = 1 RETURNING 1) \
+    SELECT (SELECT COUNT(*) FROM updated), (SELECT COUNT(*) FROM inserted), \
+    (SELECT COUNT(*) FROM deleted), (SELECT COUNT(*) FROM events), \
+    (SELECT COUNT(*) FROM revision), pg_notify($24, $23::text)::text";
 const CHANNEL: &str = "gantry_events";
 
 /// Gateways in a PostgreSQL database.
@@ -112,11 +130,12 @@ impl Storage for PostgresStorage {
         &self,
         writes: Vec<PendingWrite>,
     ) -> Result<Vec<Result<Committed, StorageError>>, StorageError> {
-        let mut tx = self.pool.begin().await?;
-        let (base,): (i64,) = sqlx::query_as(sql::LOCK_REVISION).fetch_one(&mut *tx).await?;
-        let rows =
-            sqlx::query_as(SELECT_ROWS).bind(batch_names(&writes)).fetch_all(&mut *tx).await?;
-        let plan = plan_batch(&stored_rows(rows), writes, base);
+        let mut tx = self.pool.begin_with(BEGIN_AND_LOCK).await?;
+        let read: Vec<(i64, Option<String>, Option<Vec<u8>>)> =
+            sqlx::query_as(READ_BATCH).bind(batch_names(&writes)).fetch_all(&mut *tx).await?;
+        let base = read.first().map_or(0, |(revision, _, _)| *revision);
+        let rows = read.into_iter().filter_map(|(_, name, object)| Some((name?, object?)));
+        let plan = plan_batch(&stored_rows(rows.collect()), writes, base);
         if plan.revision == base {
             // Nothing changed: the dropped transaction rolls back.
             return Ok(plan.results);
@@ -130,29 +149,15 @@ impl Storage for PostgresStorage {
                 (Some(after), false) => inserts.push(&row.name, after),
             }
         }
-        for (statement, columns) in [(UPDATE_ROWS, updates), (INSERT_ROWS, inserts)] {
-            if columns.names.is_empty() {
-                continue;
-            }
-            let written = columns.bind(sqlx::query(statement)).execute(&mut *tx).await?;
-            if written.rows_affected() != columns.names.len() as u64 {
-                return Err(changed_behind_our_back(&columns.names.join(", ")));
-            }
-        }
-        if !deletes.is_empty() {
-            let deleted = sqlx::query(DELETE_ROWS).bind(&deletes).execute(&mut *tx).await?;
-            if deleted.rows_affected() != deletes.len() as u64 {
-                return Err(changed_behind_our_back(&deletes.join(", ")));
-            }
-        }
-        let now = now_ms();
         let events = &plan.events;
-        sqlx::query(INSERT_EVENTS)
+        let query = inserts.bind(updates.bind(sqlx::query_as(WRITE_BATCH)));
+        let written: (i64, i64, i64, i64, i64, String) = query
+            .bind(&deletes)
             .bind(events.iter().map(|e| e.event.revision).collect::<Vec<_>>())
             .bind(events.iter().map(|e| e.event.kind as i32).collect::<Vec<_>>())
             .bind(events.iter().map(|e| e.event.name()).collect::<Vec<_>>())
             .bind(events.iter().map(super::EventRow::bytes).collect::<Vec<_>>())
-            .bind(vec![now; events.len()])
+            .bind(vec![now_ms(); events.len()])
             .bind(
                 events
                     .iter()
@@ -160,14 +165,19 @@ impl Storage for PostgresStorage {
                     .collect::<Vec<_>>(),
             )
             .bind(events.iter().map(|e| e.prev.as_deref()).collect::<Vec<_>>())
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(sql::SET_REVISION).bind(plan.revision).execute(&mut *tx).await?;
-        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(plan.revision)
             .bind(CHANNEL)
-            .bind(plan.revision.to_string())
-            .execute(&mut *tx)
+            .fetch_one(&mut *tx)
             .await?;
+        let (updated, inserted, deleted, _, _, _) = written;
+        for (done, columns) in [(updated, &updates.names), (inserted, &inserts.names)] {
+            if done != columns.len() as i64 {
+                return Err(changed_behind_our_back(&columns.join(", ")));
+            }
+        }
+        if deleted != deletes.len() as i64 {
+            return Err(changed_behind_our_back(&deletes.join(", ")));
+        }
         // Sent: from here a failure leaves the outcome unknown.
         tx.commit().await.map_err(|e| StorageError::CommitUnknown(e.to_string()))?;
         Ok(plan.results)
@@ -254,10 +264,10 @@ impl<'a> ColumnArrays<'a> {
         self.objects.push(bytes);
     }
 
-    fn bind<'q>(
+    fn bind<'q, O>(
         &'q self,
-        query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
-    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
+    ) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
         query
             .bind(&self.names)
             .bind(&self.uids)
