@@ -64,6 +64,9 @@ pub struct Args {
     /// files next to it.
     #[arg(long, global = true, env = "GANTRY_BENCH_APPEND")]
     append: Option<PathBuf>,
+    /// The cluster of the reconciler's scenarios (converge, scale, idle).
+    #[arg(long, global = true, env = "GANTRY_BENCH_CLUSTER", value_enum, default_value_t = ClusterKind::Fake)]
+    cluster: ClusterKind,
     /// etcd binary for `versus` (Debian's etcd-server installs `etcd`).
     #[arg(long, global = true, env = "GANTRY_BENCH_ETCD_BIN", default_value = "etcd")]
     etcd_bin: PathBuf,
@@ -466,12 +469,39 @@ fn versus_row(case: &str, load: Value, g: &Value, e: &Value, rate: &str, latency
     })
 }
 
-/// gateway-store, kube-fake (in this process, no rollout delay), and a
+/// The cluster a scenario's reconciler applies to.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterKind {
+    /// kube-fake in this process, rollouts done at once.
+    Fake,
+    /// A real control plane (kube-apiserver, etcd, kube-controller-manager,
+    /// kube-scheduler, kwok) built by `tests/k8s/setup.sh k8s`; the
+    /// reconciler runs as deploy/'s identity in a namespace of its own.
+    Real,
+}
+
+enum Cluster {
+    Fake(gantry_kube_fake::KubeFake, tempfile_path::TempPath),
+    Real {
+        plane: Box<gantry_e2e::k8s::ControlPlane>,
+        namespace: String,
+        /// Audit events already counted.
+        counted: usize,
+    },
+}
+
+fn cluster_name(args: &Args) -> &'static str {
+    match args.cluster {
+        ClusterKind::Fake => "kube-fake",
+        ClusterKind::Real => "real",
+    }
+}
+
+/// gateway-store, a cluster (kube-fake, or a real control plane), and a
 /// gateway-reconciler process between them.
 struct Pair {
     store: Store,
-    kube: gantry_kube_fake::KubeFake,
-    kubeconfig: tempfile_path::TempPath,
+    cluster: Cluster,
     reconciler: Option<Reconciler>,
 }
 
@@ -488,19 +518,43 @@ mod tempfile_path {
 impl Pair {
     async fn start(args: &Args) -> anyhow::Result<Pair> {
         let store = Store::start(args, 4096).await?;
-        let kube = gantry_kube_fake::KubeFake::start_with(gantry_kube_fake::Options {
-            rollout_delay: Duration::ZERO,
-            ..Default::default()
-        })
-        .await?;
-        let path = std::env::temp_dir()
-            .join(format!("gantry-bench-kubeconfig-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::write(&path, kube.kubeconfig())?;
-        Ok(Pair { store, kube, kubeconfig: tempfile_path::TempPath(path), reconciler: None })
+        let cluster = match args.cluster {
+            ClusterKind::Fake => {
+                let kube = gantry_kube_fake::KubeFake::start_with(gantry_kube_fake::Options {
+                    rollout_delay: Duration::ZERO,
+                    ..Default::default()
+                })
+                .await?;
+                let path = std::env::temp_dir()
+                    .join(format!("gantry-bench-kubeconfig-{}", uuid::Uuid::new_v4().simple()));
+                std::fs::write(&path, kube.kubeconfig())?;
+                Cluster::Fake(kube, tempfile_path::TempPath(path))
+            }
+            ClusterKind::Real => {
+                let bin = gantry_e2e::k8s::bin_dir().ok_or_else(|| {
+                    anyhow::anyhow!("no Kubernetes binaries: run tests/k8s/setup.sh k8s")
+                })?;
+                eprintln!("starting a control plane from {}", bin.display());
+                let plane = tokio::task::spawn_blocking(move || {
+                    let plane = gantry_e2e::k8s::ControlPlane::start(&bin);
+                    let namespace = plane.namespace("bench");
+                    (plane, namespace)
+                })
+                .await?;
+                Cluster::Real { plane: Box::new(plane.0), namespace: plane.1, counted: 0 }
+            }
+        };
+        Ok(Pair { store, cluster, reconciler: None })
     }
 
     async fn start_reconciler(&mut self, sync_period: Duration) -> anyhow::Result<&Reconciler> {
-        let reconciler = Reconciler::start(&self.store, &self.kubeconfig.0, sync_period).await?;
+        let (kubeconfig, namespace) = match &self.cluster {
+            Cluster::Fake(_, path) => (path.0.as_path(), None),
+            Cluster::Real { plane, namespace, .. } => {
+                (plane.reconciler_kubeconfig.as_path(), Some(namespace.as_str()))
+            }
+        };
+        let reconciler = Reconciler::start(&self.store, kubeconfig, namespace, sync_period).await?;
         Ok(self.reconciler.insert(reconciler))
     }
 
@@ -508,18 +562,43 @@ impl Pair {
         self.reconciler.as_ref().ok_or_else(|| anyhow::anyhow!("the reconciler is not running"))
     }
 
-    /// Cluster requests since the last call: (all, writes).
-    fn take_kube_requests(&self) -> (usize, usize) {
-        let requests = self.kube.requests();
-        self.kube.clear_requests();
-        (requests.len(), requests.iter().filter(|r| r.is_write()).count())
+    /// The reconciler's cluster requests since the last call: (all,
+    /// writes). On a real cluster, read from the API server's audit log.
+    fn take_kube_requests(&mut self) -> (usize, usize) {
+        match &mut self.cluster {
+            Cluster::Fake(kube, _) => {
+                let requests = kube.requests();
+                kube.clear_requests();
+                (requests.len(), requests.iter().filter(|r| r.is_write()).count())
+            }
+            Cluster::Real { plane, counted, .. } => {
+                let events = plane.audit_events();
+                let ours: Vec<&Value> = events[(*counted).min(events.len())..]
+                    .iter()
+                    .filter(|e| e["user"]["username"] == gantry_e2e::k8s::RECONCILER_USER)
+                    .collect();
+                *counted = events.len();
+                let writes = ours
+                    .iter()
+                    .filter(|e| {
+                        matches!(e["verb"].as_str(), Some("create" | "update" | "patch" | "delete"))
+                    })
+                    .count();
+                (ours.len(), writes)
+            }
+        }
     }
 
     async fn stop(mut self) {
         if let Some(r) = self.reconciler.take() {
             r.stop();
         }
-        self.kube.stop().await;
+        match self.cluster {
+            Cluster::Fake(kube, _) => kube.stop().await,
+            Cluster::Real { plane, .. } => {
+                drop(tokio::task::spawn_blocking(move || drop(plane)).await)
+            }
+        }
         self.store.stop().await;
     }
 }
@@ -614,7 +693,7 @@ async fn converge(
         })
         .collect();
     results.push(json!({
-        "scenario": "converge", "mode": "fixed-rate", "stage_mean_ms": stages, "backend": args.backend.name(),
+        "scenario": "converge", "mode": "fixed-rate", "cluster": cluster_name(args), "stage_mean_ms": stages, "backend": args.backend.name(),
         "updates_per_s": rate, "duration_s": rate_duration.as_secs_f64(), "updates": i,
         "not_observed_within_10s": tracker.pending(),
         "update_to_observed": percentiles(tracker.take_observed()),
@@ -652,7 +731,7 @@ async fn converge(
         let all_running = started.elapsed();
         let (kube_requests, kube_writes) = pair.take_kube_requests();
         results.push(json!({
-            "scenario": "converge", "mode": "burst", "backend": args.backend.name(), "gateways": gateways,
+            "scenario": "converge", "mode": "burst", "cluster": cluster_name(args), "backend": args.backend.name(), "gateways": gateways,
             "created_s": created.as_secs_f64(), "all_running_s": all_running.as_secs_f64(),
             "kube_requests_per_gateway": (kube_requests as f64 / gateways as f64 * 10.0).round() / 10.0,
             "kube_writes_per_gateway": (kube_writes as f64 / gateways as f64 * 10.0).round() / 10.0,
@@ -857,10 +936,13 @@ async fn run(args: &Args, scenario: Scenario) -> anyhow::Result<Vec<Value>> {
             }
         }
         Scenario::Converge => {
-            out.extend(if quick {
-                converge(args, &[100], 50, secs(3)).await?
-            } else {
-                converge(args, &[1000, 10_000], 50, secs(20)).await?
+            // A real control plane's Deployment controller and kwok on the
+            // same two cores: bursts of a tenth of the size.
+            let real = args.cluster == ClusterKind::Real;
+            out.extend(match (quick, real) {
+                (true, _) => converge(args, &[100], 50, secs(3)).await?,
+                (false, false) => converge(args, &[1000, 10_000], 50, secs(20)).await?,
+                (false, true) => converge(args, &[100, 1000], 50, secs(20)).await?,
             });
         }
         Scenario::Scale => out.push(if quick {

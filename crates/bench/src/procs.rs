@@ -195,12 +195,14 @@ impl Reconciler {
     pub async fn start(
         store: &Store,
         kubeconfig: &Path,
+        namespace: Option<&str>,
         sync_period: Duration,
     ) -> anyhow::Result<Reconciler> {
         let http = free_port();
         let child = Command::new(sibling("gateway-reconciler"))
             .args(["--store", &store.endpoint, "--target", "kube", "--kubeconfig"])
             .arg(kubeconfig)
+            .args(namespace.map(|n| ["--namespace", n]).into_iter().flatten())
             .args(["--http-listen", &format!("127.0.0.1:{http}")])
             .args(["--sync-period", &format!("{}ms", sync_period.as_millis())])
             .args(["--poll-interval", "50ms", "--log-level", "warn"])
