@@ -240,7 +240,8 @@ impl ControlPlane {
                 "--service-account-issuer=https://kubernetes.default.svc".into(),
                 format!("--service-account-key-file={}", path("sa.pub").display()),
                 format!("--service-account-signing-key-file={}", path("sa.key").display()),
-                "--service-cluster-ip-range=10.0.0.0/24".into(),
+                // Room for a benchmark fleet of Services (gantry-bench --cluster real).
+                "--service-cluster-ip-range=10.0.0.0/16".into(),
                 format!("--audit-policy-file={}", path("audit-policy.yaml").display()),
                 format!("--audit-log-path={}", path("audit.log").display()),
                 "--audit-log-mode=blocking".into(),
@@ -301,8 +302,8 @@ impl ControlPlane {
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": "kwok-node-0", "labels": {"type": "kwok"},
                           "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"}},
-            "status": {"allocatable": {"cpu": "1k", "memory": "1Ti", "pods": "1k"},
-                        "capacity": {"cpu": "1k", "memory": "1Ti", "pods": "1k"}},
+            "status": {"allocatable": {"cpu": "1k", "memory": "1Ti", "pods": "20k"},
+                        "capacity": {"cpu": "1k", "memory": "1Ti", "pods": "20k"}},
         });
         plane.kubectl_stdin(&["apply", "-f", "-"], &node.to_string());
         plane.wait_for(

@@ -64,6 +64,14 @@ pub struct Args {
     /// files next to it.
     #[arg(long, global = true, env = "GANTRY_BENCH_APPEND")]
     append: Option<PathBuf>,
+    /// Gateways of the `scale` scenario (default 100,000; 1,000 with
+    /// --quick), e.g. a smaller fleet to profile.
+    #[arg(long, global = true, env = "GANTRY_BENCH_GATEWAYS")]
+    gateways: Option<usize>,
+    /// The reconciler's --poll-interval (re-check of a rollout in progress;
+    /// its watches of the owned objects re-check on every change anyway).
+    #[arg(long, global = true, env = "GANTRY_BENCH_POLL_INTERVAL", default_value = "2s")]
+    poll_interval: String,
     /// The cluster of the reconciler's scenarios (converge, scale, idle).
     #[arg(long, global = true, env = "GANTRY_BENCH_CLUSTER", value_enum, default_value_t = ClusterKind::Fake)]
     cluster: ClusterKind,
@@ -503,6 +511,7 @@ struct Pair {
     store: Store,
     cluster: Cluster,
     reconciler: Option<Reconciler>,
+    poll_interval: String,
 }
 
 mod tempfile_path {
@@ -544,7 +553,7 @@ impl Pair {
                 Cluster::Real { plane: Box::new(plane.0), namespace: plane.1, counted: 0 }
             }
         };
-        Ok(Pair { store, cluster, reconciler: None })
+        Ok(Pair { store, cluster, reconciler: None, poll_interval: args.poll_interval.clone() })
     }
 
     async fn start_reconciler(&mut self, sync_period: Duration) -> anyhow::Result<&Reconciler> {
@@ -554,7 +563,9 @@ impl Pair {
                 (plane.reconciler_kubeconfig.as_path(), Some(namespace.as_str()))
             }
         };
-        let reconciler = Reconciler::start(&self.store, kubeconfig, namespace, sync_period).await?;
+        let reconciler =
+            Reconciler::start(&self.store, kubeconfig, namespace, sync_period, &self.poll_interval)
+                .await?;
         Ok(self.reconciler.insert(reconciler))
     }
 
@@ -945,10 +956,10 @@ async fn run(args: &Args, scenario: Scenario) -> anyhow::Result<Vec<Value>> {
                 (false, true) => converge(args, &[100, 1000], 50, secs(20)).await?,
             });
         }
-        Scenario::Scale => out.push(if quick {
-            scale(args, 1_000, secs(5)).await?
-        } else {
-            scale(args, 100_000, secs(120)).await?
+        Scenario::Scale => out.push(match (quick, args.gateways) {
+            (_, Some(n)) => scale(args, n, secs(120)).await?,
+            (true, None) => scale(args, 1_000, secs(5)).await?,
+            (false, None) => scale(args, 100_000, secs(120)).await?,
         }),
         Scenario::Idle => out.push(if quick {
             idle(args, 200, secs(5)).await?

@@ -197,6 +197,7 @@ impl Reconciler {
         kubeconfig: &Path,
         namespace: Option<&str>,
         sync_period: Duration,
+        poll_interval: &str,
     ) -> anyhow::Result<Reconciler> {
         let http = free_port();
         let child = Command::new(sibling("gateway-reconciler"))
@@ -205,7 +206,7 @@ impl Reconciler {
             .args(namespace.map(|n| ["--namespace", n]).into_iter().flatten())
             .args(["--http-listen", &format!("127.0.0.1:{http}")])
             .args(["--sync-period", &format!("{}ms", sync_period.as_millis())])
-            .args(["--poll-interval", "50ms", "--log-level", "warn"])
+            .args(["--poll-interval", poll_interval, "--log-level", "warn"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
