@@ -349,8 +349,10 @@ impl ControlPlane {
             // group leaves it running; the API server may outlive a TERM
             // once etcd is gone, hence the KILL after a grace period. The
             // etcd data (over 100 MB) goes too; the logs stay for a look.
+            // (`sh` may be dash, whose `kill` refuses `--`: a group is
+            // named as a negative pid after the signal.)
             let watchdog = format!(
-                "trap '' TERM; while kill -0 {} 2>/dev/null; do sleep 1; done; kill -TERM -- -{group} 2>/dev/null; sleep 5; rm -rf '{etcd}'; kill -KILL -- -{group} 2>/dev/null",
+                "trap '' TERM; while kill -0 {} 2>/dev/null; do sleep 1; done; kill -TERM -{group} 2>/dev/null; sleep 5; rm -rf '{etcd}'; kill -KILL -{group} 2>/dev/null",
                 std::process::id(),
                 group = child.id(),
                 etcd = self.dir.join("etcd").display()
