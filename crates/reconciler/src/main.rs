@@ -6,6 +6,11 @@ use std::process::ExitCode;
 use clap::Parser;
 use gantry_reconciler::config::Config;
 
+/// Its passes allocate many small JSON values; glibc's malloc spent a
+/// fifth of the reconciler's CPU in a 10,000-gateway burst (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::parse();
