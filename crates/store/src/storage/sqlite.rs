@@ -169,14 +169,19 @@ impl SqliteStorage {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(10));
+        // No ping before each acquire: a connection to a local file does not
+        // go stale, and each ping is one more hand-off to SQLite's thread
+        // on every batch and every read.
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
+            .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(30))
             .connect_with(options.clone())
             .await?;
         sqlx::migrate!("./migrations/sqlite").run(&writer).await?;
         let readers = SqlitePoolOptions::new()
             .max_connections(4)
+            .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(30))
             .connect_with(options)
             .await?;
