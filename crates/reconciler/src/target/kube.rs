@@ -32,7 +32,7 @@ use kube::api::{
 };
 use kube::runtime::watcher;
 use kube::Client;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use super::{Owner, Target, TargetError};
 use crate::leader::Fence;
@@ -106,11 +106,6 @@ struct Live {
 }
 
 impl Live {
-    /// The cached object, parsed.
-    fn value(&self) -> Value {
-        serde_json::from_str(&self.object).unwrap_or_default()
-    }
-
     /// Serialized once, straight to text (no intermediate `Value`).
     fn of(mut o: DynamicObject) -> Live {
         o.metadata.managed_fields = None;
@@ -146,13 +141,7 @@ pub fn covers(live: &Value, want: &Value) -> bool {
 /// The path of the first value `want` sets that `live` does not have.
 pub fn difference(live: &Value, want: &Value) -> Option<String> {
     match (live, want) {
-        (Value::Object(live), Value::Object(want)) => {
-            want.iter().find_map(|(k, w)| match live.get(k) {
-                Some(l) => difference(l, w).map(|p| format!(".{k}{p}")),
-                None if is_empty(w) => None,
-                None => Some(format!(".{k}")),
-            })
-        }
+        (Value::Object(live), Value::Object(want)) => fields_difference(live, want.iter()),
         (Value::Array(live), Value::Array(want)) => {
             let named = want.iter().all(|w| w.get("name").is_some());
             if named {
@@ -181,6 +170,30 @@ pub fn difference(live: &Value, want: &Value) -> Option<String> {
         }
         (Value::Number(l), Value::Number(w)) => (l.as_f64() != w.as_f64()).then(String::new),
         (l, w) => (l != w && !(l.is_null() && is_empty(w))).then(String::new),
+    }
+}
+
+/// The first of the fields `want` that `live` does not have.
+fn fields_difference<'a>(
+    live: &Map<String, Value>,
+    mut want: impl Iterator<Item = (&'a String, &'a Value)>,
+) -> Option<String> {
+    want.find_map(|(k, w)| match live.get(k) {
+        Some(l) => difference(l, w).map(|p| format!(".{k}{p}")),
+        None if is_empty(w) => None,
+        None => Some(format!(".{k}")),
+    })
+}
+
+/// [`difference`] of a cached object from its manifest, but for
+/// `apiVersion` and `kind`: listed objects carry no type.
+fn drift(live: &Value, manifest: &Value) -> Option<String> {
+    match (live, manifest) {
+        (Value::Object(live), Value::Object(want)) => fields_difference(
+            live,
+            want.iter().filter(|(k, _)| !matches!(k.as_str(), "apiVersion" | "kind")),
+        ),
+        _ => difference(live, manifest),
     }
 }
 
@@ -467,11 +480,11 @@ impl KubeTarget {
     /// The route's state from the cached Ingress: its address, or how long
     /// it has waited for one.
     fn route(&self, name: &str) -> (String, Option<Duration>) {
-        let cache = self.cache();
-        let Some(live) = cache.objects.get(&key("Ingress", name)) else {
+        let Some(text) = self.cache().objects.get(&key("Ingress", name)).map(|l| l.object.clone())
+        else {
             return (String::new(), None);
         };
-        let object = live.value();
+        let object: Value = serde_json::from_str(&text).unwrap_or_default();
         let lb = &object["status"]["loadBalancer"]["ingress"][0];
         let address = lb["hostname"].as_str().filter(|h| !h.is_empty()).or(lb["ip"].as_str());
         let created = object["metadata"]["creationTimestamp"]
@@ -624,10 +637,11 @@ impl Target for KubeTarget {
             Some(i) => self.route(kind_and_name(i).1),
             None => (String::new(), None),
         };
-        let (drifted, deployment) = {
+        // Only lookups under the lock; the cached texts are parsed and
+        // compared after it is released (passes run concurrently).
+        let (found, leftover) = {
             let cache = self.cache();
-            let mut drifted = false;
-            let mut deployment = None;
+            let mut found = Vec::with_capacity(rendered.manifests.len());
             for manifest in &rendered.manifests {
                 let (kind, name) = kind_and_name(manifest);
                 let k = key(kind, name);
@@ -637,34 +651,36 @@ impl Target for KubeTarget {
                 if !cache.synced.contains(kind) || !cache.caught_up(&k) {
                     return Ok(progressing("waiting for the watches to catch up", route_address));
                 }
-                match cache.objects.get(&k) {
-                    None => drifted = true,
-                    Some(live) => {
-                        let changed = if live.uid.as_deref() == Some(owner.uid.as_str()) {
-                            // Listed objects carry no type: compare the rest.
-                            let mut want = manifest.clone();
-                            if let Some(fields) = want.as_object_mut() {
-                                fields.remove("apiVersion");
-                                fields.remove("kind");
-                            }
-                            difference(&live.value(), &want)
-                        } else {
-                            Some(format!(".metadata.labels.{LABEL_GATEWAY_UID}"))
-                        };
-                        if let Some(field) = changed {
-                            tracing::info!(kind, name, field, "drifted from what was applied");
-                            drifted = true;
-                        }
-                        if kind == "Deployment" {
-                            deployment = Some(live.value());
-                        }
-                    }
-                }
+                let live = cache.objects.get(&k).map(|live| {
+                    (live.uid.as_deref() == Some(owner.uid.as_str()), live.object.clone())
+                });
+                found.push((manifest, live));
             }
             // Left behind: this gateway's objects of a kind no longer rendered.
-            let leftover = cache.owns_other_kinds(&owner.uid, &rendered.manifests);
-            (drifted || leftover, deployment)
+            (found, cache.owns_other_kinds(&owner.uid, &rendered.manifests))
         };
+        let mut drifted = leftover;
+        let mut deployment = None;
+        for (manifest, live) in found {
+            let (kind, name) = kind_and_name(manifest);
+            let Some((ours, text)) = live else {
+                drifted = true;
+                continue;
+            };
+            let object: Value = serde_json::from_str(&text).unwrap_or_default();
+            let changed = if ours {
+                drift(&object, manifest)
+            } else {
+                Some(format!(".metadata.labels.{LABEL_GATEWAY_UID}"))
+            };
+            if let Some(field) = changed {
+                tracing::info!(kind, name, field, "drifted from what was applied");
+                drifted = true;
+            }
+            if kind == "Deployment" {
+                deployment = Some(object);
+            }
+        }
         let Some(deployment) = deployment else {
             return Ok(Observation {
                 workload: Workload::Progressing { message: "the Deployment is missing".into() },
@@ -884,6 +900,18 @@ mod tests {
         let mut removed = live.clone();
         removed["data"].as_object_mut().unwrap().remove("mode");
         assert!(!covers(&removed, &want), "a removed key");
+
+        // A manifest names its type; listed objects do not carry it, and
+        // that alone is no drift. Anything else still is.
+        let mut manifest = want.clone();
+        manifest["apiVersion"] = json!("v1");
+        manifest["kind"] = json!("ConfigMap");
+        assert!(!covers(&live, &manifest), "difference compares every field");
+        assert_eq!(drift(&live, &manifest), None);
+        assert_eq!(drift(&removed, &manifest).as_deref(), Some(".data.mode"));
+        let mut typed = live.clone();
+        typed["kind"] = json!("Secret");
+        assert_eq!(drift(&typed, &manifest), None, "the type is never compared");
     }
 
     #[tokio::test(start_paused = true)]
