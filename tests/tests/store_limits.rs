@@ -390,6 +390,42 @@ async fn idle_connections_close_but_an_open_watch_is_not_idle() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// A connection whose only call is a watch has sent its request: it is
+/// neither waiting for a handshake nor idle, however long the watch runs.
+/// (It was closed at --handshake-timeout: the connection counted as
+/// handshaking until its first call ended, which a watch never does.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_whose_only_call_is_a_watch_stays_open() {
+    use tokio_stream::StreamExt as _;
+    let limits = ["--handshake-timeout", "1s", "--idle-timeout", "1s"];
+    let (dir, _, store, config) = sqlite_store("watch-only", &limits);
+    let mut watcher = gantry_client::connect(&config).await.unwrap();
+    let mut watch = watcher
+        .watch_gateways(WatchGatewaysRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    // Well past both timeouts; the assertion is that the watch still
+    // delivers after it.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let mut client = gantry_client::connect(&config).await.unwrap();
+    client.create_gateway(CreateGatewayRequest { gateway: Some(gateway("late")) }).await.unwrap();
+    let name = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let event = watch.next().await.expect("the watch ended").expect("the watch failed");
+            if let Some(g) = event.gateway.and_then(|g| g.metadata) {
+                break g.name;
+            }
+        }
+    })
+    .await
+    .expect("the watch delivered nothing");
+    assert_eq!(name, "late");
+    assert_eq!(metric(&store, "gantry_store_grpc_connections_handshake_timeouts_total"), 0.0);
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Resident memory of a process.
 fn rss_bytes(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

@@ -323,13 +323,15 @@ impl Tracked {
     /// When this connection is due to close if nothing changes, and why.
     fn deadline(&self) -> (Instant, &'static str) {
         let limits = &self.connections.limits;
-        let idle_since = self.connection.idle_since_ms.load(Ordering::SeqCst);
-        if idle_since == u64::MAX {
-            return (self.accepted + limits.handshake_timeout, "handshake");
-        }
+        // A call in flight first: a connection whose first call is still
+        // running (a watch) has sent its request and is not idle.
         if self.connection.active.load(Ordering::SeqCst) > 0 {
             // Checked again after a while: the call may have ended.
             return (Instant::now() + limits.idle_timeout, "");
+        }
+        let idle_since = self.connection.idle_since_ms.load(Ordering::SeqCst);
+        if idle_since == u64::MAX {
+            return (self.accepted + limits.handshake_timeout, "handshake");
         }
         let since = self.connections.epoch + Duration::from_millis(idle_since);
         (since + limits.idle_timeout, "idle")
