@@ -400,11 +400,8 @@ async fn a_connection_whose_only_call_is_a_watch_stays_open() {
     let limits = ["--handshake-timeout", "1s", "--idle-timeout", "1s"];
     let (dir, _, store, config) = sqlite_store("watch-only", &limits);
     let mut watcher = gantry_client::connect(&config).await.unwrap();
-    let mut watch = watcher
-        .watch_gateways(WatchGatewaysRequest::default())
-        .await
-        .unwrap()
-        .into_inner();
+    let mut watch =
+        watcher.watch_gateways(WatchGatewaysRequest::default()).await.unwrap().into_inner();
     // Well past both timeouts; the assertion is that the watch still
     // delivers after it.
     tokio::time::sleep(Duration::from_millis(2500)).await;
