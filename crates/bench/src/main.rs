@@ -211,7 +211,7 @@ enum Server {
 #[derive(Clone)]
 enum Connection {
     Gantry(GatewayClient),
-    Etcd(tonic::transport::Channel),
+    Etcd { channel: tonic::transport::Channel, kv: etcd::Kv },
 }
 
 type Stamps = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Vec<u64>> + Send>>;
@@ -248,7 +248,10 @@ impl Server {
                 })
                 .await?,
             ),
-            Server::Etcd(e) => Connection::Etcd(e.channel().await?),
+            Server::Etcd(e) => {
+                let channel = e.channel().await?;
+                Connection::Etcd { kv: etcd::Kv::new(channel.clone()), channel }
+            }
         })
     }
 
@@ -281,9 +284,8 @@ impl Connection {
                     stamp.map(|t| ("t", t.to_string())).into_iter().collect();
                 update_spec(client, gateway(key, &format!("gw:{i}"), &config)).await?;
             }
-            Connection::Etcd(channel) => {
-                let mut kv = etcd::Kv::new(channel.clone());
-                etcd::put(&mut kv, key, &etcd::stamped_value(stamp.unwrap_or(i), ETCD_VALUE_BYTES))
+            Connection::Etcd { kv, .. } => {
+                etcd::put(kv, key, &etcd::stamped_value(stamp.unwrap_or(i), ETCD_VALUE_BYTES))
                     .await?;
             }
         }
@@ -307,7 +309,7 @@ impl Connection {
                         .collect()
                 }))
             }
-            Connection::Etcd(channel) => Box::pin(etcd::watch(channel.clone(), key).await?),
+            Connection::Etcd { channel, .. } => Box::pin(etcd::watch(channel.clone(), key).await?),
         })
     }
 }

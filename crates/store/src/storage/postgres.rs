@@ -45,8 +45,9 @@ const READ_BATCH: &str = "SELECT r.revision, g.name, g.object FROM store_revisio
 /// `ANY` condition lets the planner find them by the primary key rather
 /// than hash-joining a scan), inserted ($8..$14), deleted ($15), the
 /// events ($16..$22), the new revision ($23) and the notification to the
-/// other replicas ($24, delivered at commit). Answers how many rows each
-/// part touched.
+/// other replicas ($24, delivered at commit). Answers how many rows were
+/// updated, inserted and deleted (a data-modifying CTE runs whether or not
+/// the query reads it).
 const WRITE_BATCH: &str = "WITH updated AS (UPDATE gateways AS g SET uid = u.uid, \
     generation = u.generation, observed_generation = u.observed_generation, \
     resource_version = u.resource_version, deleting = u.deleting, object = u.object \
@@ -61,11 +62,10 @@ const WRITE_BATCH: &str = "WITH updated AS (UPDATE gateways AS g SET uid = u.uid
     events AS (INSERT INTO gateway_events \
     (revision, event_type, name, object, created_at_ms, prev_labels, prev_object) \
     SELECT * FROM UNNEST($16::int8[], $17::int4[], $18::text[], $19::bytea[], $20::int8[], \
-    $21::bytea[], $22::bytea[]) RETURNING 1), \
-    revision AS (UPDATE store_revision SET revision = $23 WHERE id = 1 RETURNING 1) \
+    $21::bytea[], $22::bytea[])), \
+    revision AS (UPDATE store_revision SET revision = $23 WHERE id = 1) \
     SELECT (SELECT COUNT(*) FROM updated), (SELECT COUNT(*) FROM inserted), \
-    (SELECT COUNT(*) FROM deleted), (SELECT COUNT(*) FROM events), \
-    (SELECT COUNT(*) FROM revision), pg_notify($24, $23::text)::text";
+    (SELECT COUNT(*) FROM deleted), pg_notify($24, $23::text)::text";
 const CHANNEL: &str = "gantry_events";
 
 /// Gateways in a PostgreSQL database.
@@ -151,7 +151,7 @@ impl Storage for PostgresStorage {
         }
         let events = &plan.events;
         let query = inserts.bind(updates.bind(sqlx::query_as(WRITE_BATCH)));
-        let written: (i64, i64, i64, i64, i64, String) = query
+        let (updated, inserted, deleted, _): (i64, i64, i64, String) = query
             .bind(&deletes)
             .bind(events.iter().map(|e| e.event.revision).collect::<Vec<_>>())
             .bind(events.iter().map(|e| e.event.kind as i32).collect::<Vec<_>>())
@@ -169,7 +169,6 @@ impl Storage for PostgresStorage {
             .bind(CHANNEL)
             .fetch_one(&mut *tx)
             .await?;
-        let (updated, inserted, deleted, _, _, _) = written;
         for (done, columns) in [(updated, &updates.names), (inserted, &inserts.names)] {
             if done != columns.len() as i64 {
                 return Err(changed_behind_our_back(&columns.join(", ")));
