@@ -147,6 +147,70 @@ on_both_backends!(
     a_batch_the_database_refuses_writes_nothing_and_the_next_commits
 );
 
+/// Errors logged by the store while a test runs on one thread.
+#[derive(Clone, Default)]
+struct ErrorLog(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for ErrorLog {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if *event.metadata().level() == tracing::Level::ERROR {
+            self.0.lock().unwrap().push(format!("{}: {event:?}", event.metadata().target()));
+        }
+    }
+}
+
+/// A committed SQLite batch of creates, an update and a removal reports
+/// nothing wrong: the batch checks the rows it wrote against its plan and
+/// logs a bug when they differ, so a miscounted plan (sqlx counts the
+/// COMMIT too) would cry wolf on every write.
+#[tokio::test]
+async fn sqlite_a_committed_batch_of_every_kind_of_change_logs_no_error() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let errors = ErrorLog::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(errors.clone()));
+    let store = TestStore::start(Backend::Sqlite).await.unwrap();
+    let storage = store.storage.clone();
+    storage.write_batch(vec![create_write("a"), create_write("b")]).await.unwrap();
+    let (a, b) =
+        (storage.get("a").await.unwrap().unwrap(), storage.get("b").await.unwrap().unwrap());
+    let mut incoming = a.clone();
+    incoming.spec.as_mut().unwrap().image = "gw:2".into();
+    let results = storage
+        .write_batch(vec![
+            create_write("c"),
+            PendingWrite {
+                name: "a".into(),
+                mutation: Box::new(move |current| {
+                    let mask = ["spec.image".to_string()];
+                    lifecycle::update(
+                        current.unwrap(),
+                        &incoming,
+                        &mask,
+                        Role::Editor,
+                        Timestamp::default(),
+                    )
+                }),
+            },
+            PendingWrite {
+                name: "b".into(),
+                mutation: Box::new(move |current| {
+                    let rv = b.metadata.as_ref().unwrap().resource_version;
+                    lifecycle::delete(current.unwrap(), rv, Role::Editor, Timestamp::default())
+                }),
+            },
+        ])
+        .await
+        .unwrap();
+    let kinds: Vec<EventType> =
+        results.iter().map(|r| r.as_ref().unwrap().event.as_ref().unwrap().kind).collect();
+    assert_eq!(kinds, [EventType::Added, EventType::Modified, EventType::Deleted]);
+    assert!(storage.get("b").await.unwrap().is_none(), "removed");
+    assert_eq!(storage.get("a").await.unwrap().unwrap().spec.unwrap().image, "gw:2");
+    store.stop().await;
+    assert_eq!(*errors.0.lock().unwrap(), Vec::<String>::new());
+}
+
 /// Store replicas cannot race on a name: every batch takes the revision
 /// lock first. A writer that bypasses gateway-store and inserts a name
 /// while a batch creating it runs makes the whole batch fail, with nothing

@@ -238,7 +238,10 @@ impl Storage for SqliteStorage {
             return Ok(plan.results);
         }
         let params = BatchParams::of(&plan);
-        let expected = params.puts.len() + params.removes.len() + params.events.len() + 1;
+        // sqlx sums `sqlite3_changes()` after every statement of the string,
+        // and that counts the last INSERT, UPDATE or DELETE: COMMIT repeats
+        // the revision UPDATE's one row.
+        let expected = params.puts.len() + params.removes.len() + params.events.len() + 2;
         let written = sqlx::query(WRITE_BATCH)
             .bind(serde_json::Value::from(params.puts).to_string())
             .bind(params.blob)
