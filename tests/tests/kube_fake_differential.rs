@@ -204,6 +204,50 @@ async fn scenarios(client: kube::Client, ns: &str, compact: &(dyn Fn() + Sync)) 
         outcome(&replaced, &["spec.selector.matchLabels"]),
     );
 
+    // A paginated list is one snapshot: later pages answer the first
+    // page's resourceVersion, and a watch from it replays an object
+    // created behind the cursor between pages.
+    for name in ["p-b", "p-c", "p-d"] {
+        let mut cm = config_map(name, json!({}));
+        cm["metadata"]["labels"] = json!({"page": "yes"});
+        apply(&cms, "mgr-a", false, cm).await.unwrap();
+    }
+    let params = kube::api::ListParams::default().labels("page=yes").limit(2);
+    let first = cms.list(&params).await.unwrap();
+    let mut behind = config_map("p-a", json!({}));
+    behind["metadata"]["labels"] = json!({"page": "yes"});
+    apply(&cms, "mgr-a", false, behind).await.unwrap();
+    let (mut names, mut same_rv, mut token, mut last_rv) = (
+        Vec::new(),
+        true,
+        first.metadata.continue_.clone(),
+        first.metadata.resource_version.clone(),
+    );
+    names.extend(first.items.iter().filter_map(|o| o.metadata.name.clone()));
+    while let Some(t) = token.filter(|t| !t.is_empty()) {
+        let page = cms.list(&params.clone().continue_token(&t)).await.unwrap();
+        same_rv &= page.metadata.resource_version == first.metadata.resource_version;
+        names.extend(page.items.iter().filter_map(|o| o.metadata.name.clone()));
+        (token, last_rv) = (page.metadata.continue_, page.metadata.resource_version);
+    }
+    seen.insert("a paginated list's names".into(), json!(names));
+    seen.insert("every page answers the first page's resourceVersion".into(), json!(same_rv));
+    let mut stream =
+        cms.watch(&WatchParams::default().timeout(5), &last_rv.unwrap()).await.unwrap().boxed();
+    let replayed = loop {
+        match stream.next().await {
+            Some(Ok(WatchEvent::Added(o))) => break json!(["ADDED", o.metadata.name]),
+            Some(Ok(WatchEvent::Bookmark(_))) => continue,
+            Some(Ok(other)) => break json!(format!("{other:?}")),
+            Some(Err(e)) => break error(&e),
+            None => break json!("nothing"),
+        }
+    };
+    seen.insert(
+        "a watch from a paginated list replays what was created behind it".into(),
+        replayed,
+    );
+
     // Watch from a listed resourceVersion: every change after it, in order.
     let listed = cms.list(&Default::default()).await.unwrap().metadata.resource_version.unwrap();
     apply(&cms, "mgr-a", false, config_map("watched", json!({"v": "1"}))).await.unwrap();

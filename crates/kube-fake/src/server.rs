@@ -419,15 +419,27 @@ fn list(
     let (labels, fields) = selectors(query)?;
     let limit: usize =
         query.get("limit").and_then(|l| l.parse().ok()).filter(|l| *l > 0).unwrap_or(usize::MAX);
-    let after = match query.get("continue").filter(|c| !c.is_empty()) {
+    // A paginated list is one snapshot, as the real server's: every page
+    // answers the first page's resourceVersion (carried in the continue
+    // token), so a client that watches from it is replayed what changed
+    // behind its cursor between pages. (Pages are read from the current
+    // state; an object changed after the first page may show up in a
+    // later page and again as an event, which an informer takes in its
+    // stride.)
+    let (snapshot, after) = match query.get("continue").filter(|c| !c.is_empty()) {
         Some(token) => {
             use base64::Engine as _;
             let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
                 .decode(token)
                 .map_err(|_| ApiError::bad_request("invalid continue token"))?;
-            Some(String::from_utf8_lossy(&bytes).into_owned())
+            let token = String::from_utf8_lossy(&bytes).into_owned();
+            let (rv, after) = token
+                .split_once('\n')
+                .and_then(|(rv, after)| Some((rv.parse::<u64>().ok()?, after.to_string())))
+                .ok_or_else(|| ApiError::bad_request("invalid continue token"))?;
+            (rv, Some(after))
         }
-        None => None,
+        None => (state.resource_version(), None),
     };
     let mut items = Vec::new();
     let mut next = None;
@@ -435,12 +447,15 @@ fn list(
         if items.len() == limit {
             use base64::Engine as _;
             let last = items.last().map(|(p, _): &(String, Value)| p.clone()).unwrap_or_default();
-            next = Some(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(last));
+            next = Some(
+                base64::engine::general_purpose::URL_SAFE_NO_PAD
+                    .encode(format!("{snapshot}\n{last}")),
+            );
             break;
         }
         items.push((format!("{}/{}", key.1, key.2), State::render(stored)));
     }
-    let mut metadata = json!({"resourceVersion": state.resource_version().to_string()});
+    let mut metadata = json!({"resourceVersion": snapshot.to_string()});
     if let Some(token) = next {
         metadata["continue"] = json!(token);
     }

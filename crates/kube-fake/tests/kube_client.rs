@@ -299,6 +299,43 @@ async fn watches_resume_from_a_resource_version_and_expire_with_410() {
     assert!(matches!(next(&mut s).await, WatchEvent::Bookmark(_)));
 }
 
+/// A paginated list is one snapshot: every page answers the first page's
+/// resourceVersion, so an object created behind the cursor between pages
+/// (missing from the list) reaches a client that watches from the list's
+/// resourceVersion. An informer that listed while objects were being
+/// created otherwise missed them until its next relist.
+#[tokio::test]
+async fn a_paginated_list_is_one_snapshot_a_watch_from_it_misses_nothing() {
+    let fake = KubeFake::start().await.unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(client(&fake), "default");
+    for name in ["p-b", "p-c", "p-d"] {
+        api.create(&PostParams::default(), &config_map(name, json!({"page": "yes"}), json!({})))
+            .await
+            .unwrap();
+    }
+    let params = ListParams::default().labels("page=yes").limit(2);
+    let first = api.list(&params).await.unwrap();
+    let token = first.metadata.continue_.clone().unwrap();
+    api.create(&PostParams::default(), &config_map("p-a", json!({"page": "yes"}), json!({})))
+        .await
+        .unwrap();
+    let second = api.list(&params.clone().continue_token(&token)).await.unwrap();
+    let names = |list: &kube::core::ObjectList<ConfigMap>| -> Vec<String> {
+        list.items.iter().map(|c| c.metadata.name.clone().unwrap()).collect()
+    };
+    assert_eq!(
+        (names(&first), names(&second)),
+        (vec!["p-b".into(), "p-c".into()], vec!["p-d".to_string()])
+    );
+    assert_eq!(second.metadata.resource_version, first.metadata.resource_version);
+    let listed = second.metadata.resource_version.unwrap();
+    let mut stream = api.watch(&WatchParams::default(), &listed).await.unwrap().boxed();
+    assert!(
+        matches!(next(&mut stream).await, WatchEvent::Added(cm) if cm.metadata.name.as_deref() == Some("p-a")),
+        "the object created behind the cursor is replayed"
+    );
+}
+
 #[tokio::test]
 async fn the_runtime_watcher_lists_then_watches() {
     use kube::runtime::watcher::{watcher, Config, Event};
