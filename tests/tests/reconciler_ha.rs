@@ -25,7 +25,6 @@ use gantry_reconciler::target::kube::KubeTarget;
 use gantry_reconciler::target::{Owner, Target, TargetError};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use serde_json::Value;
 
 const PATIENCE: Duration = Duration::from_secs(60);
 
@@ -38,9 +37,9 @@ struct Counted {
 
 #[tonic::async_trait]
 impl Target for Counted {
-    async fn apply(&self, gateway: &Owner, manifests: &[Value]) -> Result<(), TargetError> {
+    async fn apply(&self, gateway: &Owner, rendered: &Rendered) -> Result<(), TargetError> {
         self.applies.fetch_add(1, Ordering::SeqCst);
-        self.inner.apply(gateway, manifests).await
+        self.inner.apply(gateway, rendered).await
     }
     async fn observe(
         &self,

@@ -623,8 +623,7 @@ impl Controller {
         }
         let started = std::time::Instant::now();
         let applied =
-            tokio::time::timeout(TARGET_TIMEOUT, self.target.apply(owner, &rendered.manifests))
-                .await;
+            tokio::time::timeout(TARGET_TIMEOUT, self.target.apply(owner, rendered)).await;
         self.metrics.stage("apply", started);
         let result = match applied {
             Ok(r) => r,

@@ -8,11 +8,9 @@
 pub mod directory;
 pub mod kube;
 
-use futures_util::stream::BoxStream;
-use serde_json::Value;
-
 use crate::render::Rendered;
 use crate::status::Observation;
+use futures_util::stream::BoxStream;
 
 /// The gateway a target call is for: objects are marked with both, and
 /// only objects marked with this uid are changed or deleted.
@@ -38,7 +36,7 @@ pub struct TargetError(pub String);
 pub trait Target: Send + Sync + std::fmt::Debug + 'static {
     /// Applies every manifest of `gateway` and removes its objects that are
     /// no longer rendered. Safe to repeat; repairs a partial earlier apply.
-    async fn apply(&self, owner: &Owner, manifests: &[Value]) -> Result<(), TargetError>;
+    async fn apply(&self, owner: &Owner, rendered: &Rendered) -> Result<(), TargetError>;
 
     /// Reports the rollout and whether anything drifted from `rendered`.
     async fn observe(&self, owner: &Owner, rendered: &Rendered)

@@ -39,7 +39,7 @@ impl ScriptedTarget {
 
 #[tonic::async_trait]
 impl Target for ScriptedTarget {
-    async fn apply(&self, owner: &Owner, _: &[serde_json::Value]) -> Result<(), TargetError> {
+    async fn apply(&self, owner: &Owner, _: &Rendered) -> Result<(), TargetError> {
         lock(&self.applies).push((owner.name.clone(), Instant::now()));
         match lock(&self.failing).clone() {
             Some(error) => Err(TargetError(error)),

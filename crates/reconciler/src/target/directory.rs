@@ -131,11 +131,11 @@ impl DirectoryTarget {
 
 #[tonic::async_trait]
 impl Target for DirectoryTarget {
-    async fn apply(&self, owner: &Owner, manifests: &[Value]) -> Result<(), TargetError> {
+    async fn apply(&self, owner: &Owner, rendered: &Rendered) -> Result<(), TargetError> {
         let dir = self.dir(&owner.name);
         Self::claim(&dir, owner).await?;
         let mut wanted = Vec::new();
-        for manifest in manifests {
+        for manifest in &rendered.manifests {
             let path = dir.join(file_name(manifest));
             Self::kind_of(&path).await?;
             let yaml = to_yaml(manifest)?;
@@ -232,6 +232,10 @@ mod tests {
         render(&g, &RenderSettings::default()).manifests
     }
 
+    fn rendered(manifests: &[Value]) -> Rendered {
+        Rendered { manifests: manifests.to_vec(), fingerprint: String::new() }
+    }
+
     fn temp(label: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!(
             "gantry-dir-target-{label}-{}-{}",
@@ -246,12 +250,12 @@ mod tests {
     async fn it_touches_only_what_it_wrote() {
         let root = temp("own");
         let target = DirectoryTarget::new(&root);
-        target.apply(&owner("u1"), &manifests("u1")).await.unwrap();
+        target.apply(&owner("u1"), &rendered(&manifests("u1"))).await.unwrap();
         let dir = root.join("edge");
         assert_eq!(std::fs::read_to_string(dir.join(MARKER)).unwrap().trim(), "u1");
         // Someone else's file in the gateway's directory survives prune and delete.
         std::fs::write(dir.join("notes.txt"), "mine").unwrap();
-        target.apply(&owner("u1"), &manifests("u1")[..2]).await.unwrap();
+        target.apply(&owner("u1"), &rendered(&manifests("u1")[..2])).await.unwrap();
         assert!(dir.join("notes.txt").exists());
         assert!(!dir.join("deployment.yaml").exists(), "pruned");
         assert!(target.delete(&owner("u1")).await.unwrap());
@@ -260,8 +264,8 @@ mod tests {
         // Another gateway of the same name (another uid) is refused, and its
         // deletion removes nothing.
         std::fs::remove_file(dir.join("notes.txt")).unwrap();
-        target.apply(&owner("u1"), &manifests("u1")).await.unwrap();
-        let refused = target.apply(&owner("u2"), &manifests("u2")).await.unwrap_err();
+        target.apply(&owner("u1"), &rendered(&manifests("u1"))).await.unwrap();
+        let refused = target.apply(&owner("u2"), &rendered(&manifests("u2"))).await.unwrap_err();
         assert!(refused.0.contains("another gateway"), "{refused}");
         assert!(target.delete(&owner("u2")).await.unwrap());
         assert!(dir.join("deployment.yaml").exists());
@@ -275,7 +279,7 @@ mod tests {
         let dir = root.join("edge");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("service.yaml"), "someone else's").unwrap();
-        let refused = target.apply(&owner("u1"), &manifests("u1")).await.unwrap_err();
+        let refused = target.apply(&owner("u1"), &rendered(&manifests("u1"))).await.unwrap_err();
         assert!(refused.0.contains("not written by gantry"), "{refused}");
         assert_eq!(std::fs::read_to_string(dir.join("service.yaml")).unwrap(), "someone else's");
         std::fs::remove_dir_all(&dir).unwrap();
@@ -283,10 +287,10 @@ mod tests {
         // A link in place of a file, pointing out of the root.
         let outside = temp("outside").join("secret.txt");
         std::fs::write(&outside, "keep").unwrap();
-        target.apply(&owner("u1"), &manifests("u1")).await.unwrap();
+        target.apply(&owner("u1"), &rendered(&manifests("u1"))).await.unwrap();
         std::fs::remove_file(dir.join("deployment.yaml")).unwrap();
         std::os::unix::fs::symlink(&outside, dir.join("deployment.yaml")).unwrap();
-        let refused = target.apply(&owner("u1"), &manifests("u1")).await.unwrap_err();
+        let refused = target.apply(&owner("u1"), &rendered(&manifests("u1"))).await.unwrap_err();
         assert!(refused.0.contains("symbolic link"), "{refused}");
         assert!(target.delete(&owner("u1")).await.is_err(), "delete does not follow it either");
         assert_eq!(std::fs::read_to_string(&outside).unwrap(), "keep");
@@ -294,7 +298,7 @@ mod tests {
         // A link in place of the gateway's directory.
         std::fs::remove_dir_all(&dir).unwrap();
         std::os::unix::fs::symlink(outside.parent().unwrap(), &dir).unwrap();
-        assert!(target.apply(&owner("u1"), &manifests("u1")).await.is_err());
+        assert!(target.apply(&owner("u1"), &rendered(&manifests("u1"))).await.is_err());
         assert_eq!(std::fs::read_dir(outside.parent().unwrap()).unwrap().count(), 1);
         std::fs::remove_dir_all(outside.parent().unwrap()).unwrap();
         std::fs::remove_file(&dir).unwrap();

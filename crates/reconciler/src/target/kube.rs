@@ -72,49 +72,128 @@ pub struct KubeTarget {
     cache: Arc<Mutex<Cache>>,
 }
 
-type Key = (String, String);
+/// `(kind, name)` of an owned object; the kind is one of [`OWNED_KINDS`].
+type Key = (&'static str, Box<str>);
 
-/// What the owned-object watches know (an informer cache).
+/// What the owned-object watches know (an informer cache), kept small: per
+/// object its owner, version, what observe reads of it and, until a pass
+/// has compared it with a rendering, the fields a rendering can set.
 #[derive(Debug, Default)]
 struct Cache {
     /// Kinds whose watch has finished a list.
-    synced: HashSet<String>,
+    synced: HashSet<&'static str>,
     /// `(kind, name)` → the live object.
     objects: HashMap<Key, Live>,
     /// A list in progress, per kind: swapped in whole when it is done, so a
     /// relist never shows a half-empty cache.
-    listing: HashMap<String, HashMap<String, Live>>,
+    listing: HashMap<&'static str, HashMap<Box<str>, Live>>,
     /// `(kind, name)` → resourceVersion our last apply returned: a cached
     /// copy older than that is not judged (the watch lags our write).
     applied: HashMap<Key, u64>,
     /// Gateway uid → the keys of its objects in `objects`: what a gateway
     /// owns without scanning every cached object (a scan per pass made a
     /// fleet of 10,000 quadratic).
-    owned: HashMap<String, HashSet<Key>>,
+    owned: HashMap<Arc<str>, Vec<Key>>,
 }
 
-/// An owned object as the watch last saw it.
+/// An owned object as the watch last saw it. Not the object: at 100,000
+/// gateways the objects' JSON took about 5 KB per gateway, the budget of
+/// the whole process is 2.6 KB.
 #[derive(Debug, Clone)]
 struct Live {
-    gateway: Option<String>,
-    uid: Option<String>,
+    gateway: Option<Arc<str>>,
+    uid: Option<Arc<str>>,
     resource_version: u64,
-    /// The object as JSON text (without managedFields): a parsed `Value`
-    /// of each cached object took about 9 KB, three times its text, and a
-    /// pass parses only its own gateway's few objects.
-    object: Arc<str>,
+    /// Read when the object arrives (needs no rendering).
+    reading: Reading,
+    /// Whether this version has the rendered values.
+    judgement: Judgement,
+}
+
+/// What observe reads of an object besides drift.
+#[derive(Debug, Clone, PartialEq)]
+enum Reading {
+    None,
+    /// A Deployment's rollout.
+    Rollout(Workload),
+    /// An Ingress' load-balancer address and creation time (Unix seconds).
+    Route {
+        address: Box<str>,
+        created: Option<i64>,
+    },
+}
+
+/// Drift of one version of an object from a rendering.
+#[derive(Debug, Clone, PartialEq)]
+enum Judgement {
+    /// Not compared yet: the object as JSON text without what no rendering
+    /// sets (status, server-only metadata), parsed by the first pass that
+    /// compares it.
+    Pending(Arc<str>),
+    /// Compared with the rendering of this fingerprint: the first rendered
+    /// value it lacks, if any. Another rendering is applied before it is
+    /// compared (an apply answers the object, which is then judged).
+    Judged { fingerprint: Arc<str>, drift: Option<Arc<str>> },
+}
+
+/// The kind of [`OWNED_KINDS`] named `kind` ("" for any other).
+fn owned_kind(kind: &str) -> &'static str {
+    OWNED_KINDS.iter().map(|(_, k)| *k).find(|k| *k == kind).unwrap_or("")
 }
 
 impl Live {
-    /// Serialized once, straight to text (no intermediate `Value`).
-    fn of(mut o: DynamicObject) -> Live {
-        o.metadata.managed_fields = None;
-        let label = |key: &str| o.metadata.labels.as_ref().and_then(|l| l.get(key).cloned());
+    /// Reads what observe needs of `o` and keeps the fields a rendering can
+    /// set as text (one serialization, no intermediate copy of the object).
+    fn of(kind: &str, o: DynamicObject) -> Live {
+        let DynamicObject { metadata, mut data, .. } = o;
+        let label = |key: &str| {
+            metadata.labels.as_ref().and_then(|l| l.get(key)).map(|v| Arc::from(v.as_str()))
+        };
+        let status = data.as_object_mut().and_then(|d| d.remove("status"));
+        let reading = match kind {
+            "Deployment" => {
+                let replicas =
+                    data["spec"]["replicas"].as_i64().and_then(|r| i32::try_from(r).ok());
+                let deployment = Deployment {
+                    metadata: kube::api::ObjectMeta {
+                        generation: metadata.generation,
+                        ..Default::default()
+                    },
+                    spec: Some(k8s_openapi::api::apps::v1::DeploymentSpec {
+                        replicas,
+                        ..Default::default()
+                    }),
+                    status: status.and_then(|s| serde_json::from_value(s).ok()),
+                };
+                Reading::Rollout(rollout(&deployment))
+            }
+            "Ingress" => {
+                let lb = status.as_ref().map(|s| &s["loadBalancer"]["ingress"][0]);
+                let address = lb
+                    .and_then(|lb| {
+                        lb["hostname"].as_str().filter(|h| !h.is_empty()).or(lb["ip"].as_str())
+                    })
+                    .unwrap_or("");
+                let created = metadata.creation_timestamp.as_ref().map(|t| t.0.as_second());
+                Reading::Route { address: address.into(), created }
+            }
+            _ => Reading::None,
+        };
+        let kept = serde_json::json!({
+            "name": metadata.name, "namespace": metadata.namespace,
+            "labels": metadata.labels, "annotations": metadata.annotations,
+        });
+        if let Some(fields) = data.as_object_mut() {
+            fields.insert("metadata".into(), kept);
+        }
         Live {
             gateway: label(LABEL_GATEWAY),
             uid: label(LABEL_GATEWAY_UID),
-            resource_version: resource_version(o.metadata.resource_version.as_deref()),
-            object: Arc::from(serde_json::to_string(&o).unwrap_or_default()),
+            resource_version: resource_version(metadata.resource_version.as_deref()),
+            reading,
+            judgement: Judgement::Pending(Arc::from(
+                serde_json::to_string(&data).unwrap_or_default(),
+            )),
         }
     }
 }
@@ -124,7 +203,7 @@ fn resource_version(rv: Option<&str>) -> u64 {
 }
 
 fn key(kind: &str, name: &str) -> Key {
-    (kind.to_string(), name.to_string())
+    (owned_kind(kind), name.into())
 }
 
 fn kind_and_name(manifest: &Value) -> (&str, &str) {
@@ -207,16 +286,41 @@ fn is_empty(v: &Value) -> bool {
 }
 
 impl Cache {
-    /// Caches `live` under `k`, keeping the owner index.
-    fn put(&mut self, k: Key, live: Live) {
-        if let Some(uid) = &live.uid {
-            self.owned.entry(uid.clone()).or_default().insert(k.clone());
+    /// Caches `live` under `k`, keeping the owner index; the owner's uid
+    /// and name are shared by all its objects.
+    fn put(&mut self, k: Key, mut live: Live) {
+        if let Some(uid) = live.uid.take() {
+            let uid = match self.owned.get_key_value(&uid) {
+                Some((shared, _)) => shared.clone(),
+                None => uid,
+            };
+            let keys = self.owned.entry(uid.clone()).or_default();
+            if !keys.contains(&k) {
+                keys.push(k.clone());
+            }
+            live.uid = Some(uid);
         }
         let new_uid = live.uid.clone();
         if let Some(old) = self.objects.insert(k.clone(), live) {
             if old.uid != new_uid {
                 self.unindex(old.uid.as_deref(), &k);
             }
+        }
+    }
+
+    /// Caches `live` unless the cache holds a newer version of `k` (an
+    /// apply's answer arrives before the watch brings the same version).
+    /// Of the same version, a judgement replaces what was cached (an apply
+    /// that changed nothing is judged against its new rendering), and text
+    /// does not replace a judgement (the watch's echo of our apply).
+    fn put_newest(&mut self, k: Key, live: Live) {
+        let keep = self.objects.get(&k).is_some_and(|cached| {
+            cached.resource_version > live.resource_version
+                || (cached.resource_version == live.resource_version
+                    && matches!(live.judgement, Judgement::Pending(_)))
+        });
+        if !keep {
+            self.put(k, live);
         }
     }
 
@@ -230,7 +334,7 @@ impl Cache {
     fn unindex(&mut self, uid: Option<&str>, k: &Key) {
         let Some(uid) = uid else { return };
         if let Some(keys) = self.owned.get_mut(uid) {
-            keys.remove(k);
+            keys.retain(|owned| owned != k);
             if keys.is_empty() {
                 self.owned.remove(uid);
             }
@@ -241,33 +345,47 @@ impl Cache {
     /// does not hold.
     fn owns_other_kinds(&self, uid: &str, rendered: &[Value]) -> bool {
         self.owned.get(uid).is_some_and(|keys| {
-            keys.iter().any(|(kind, _)| !rendered.iter().any(|m| m["kind"] == kind.as_str()))
+            keys.iter().any(|(kind, _)| !rendered.iter().any(|m| m["kind"] == *kind))
         })
     }
 
-    /// Gateways whose objects differ between two lists of one kind.
-    fn swap_list(&mut self, kind: &str, listed: HashMap<String, Live>) -> Vec<String> {
+    /// What a list brings for `name`: the cached entry when it is the same
+    /// version (what was judged of it stays), else the object read anew.
+    fn listed(&self, kind: &'static str, o: DynamicObject) -> Live {
+        let name = o.metadata.name.as_deref().unwrap_or("");
+        let rv = resource_version(o.metadata.resource_version.as_deref());
+        match self.objects.get(&(kind, name.into())) {
+            Some(cached) if cached.resource_version == rv => cached.clone(),
+            _ => Live::of(kind, o),
+        }
+    }
+
+    /// Gateways whose objects differ between two lists of one kind (an
+    /// object listed at the version cached is no change).
+    fn swap_list(&mut self, kind: &'static str, listed: HashMap<Box<str>, Live>) -> Vec<String> {
         let mut changed = Vec::new();
-        let old: Vec<Key> = self.objects.keys().filter(|(k, _)| k == kind).cloned().collect();
-        for k in old {
-            let before = self.take(&k);
-            let after = listed.get(&k.1);
-            let same = matches!((&before, after), (Some(b), Some(a)) if b.resource_version == a.resource_version);
-            if !same {
-                changed.extend(before.and_then(|b| b.gateway));
-                if after.is_none() {
-                    self.applied.remove(&k);
-                }
-            }
+        let gone: Vec<Key> = self
+            .objects
+            .keys()
+            .filter(|(k, name)| *k == kind && !listed.contains_key(name))
+            .cloned()
+            .collect();
+        for k in gone {
+            changed.extend(self.take(&k).and_then(|b| b.gateway).map(|g| g.to_string()));
+            self.applied.remove(&k);
         }
         for (name, live) in listed {
-            let k = key(kind, &name);
-            if !self.objects.contains_key(&k) {
-                changed.extend(live.gateway.clone());
+            let k = (kind, name);
+            match self.objects.get(&k) {
+                Some(before) if before.resource_version == live.resource_version => {}
+                before => {
+                    changed.extend(before.and_then(|b| b.gateway.as_deref()).map(String::from));
+                    changed.extend(live.gateway.as_deref().map(String::from));
+                }
             }
             self.put(k, live);
         }
-        self.synced.insert(kind.to_string());
+        self.synced.insert(kind);
         changed.sort();
         changed.dedup();
         changed
@@ -284,7 +402,15 @@ impl Cache {
 
     fn owns_any(&self, kind: &str, uid: &str) -> bool {
         !self.synced.contains(kind)
-            || self.owned.get(uid).is_some_and(|keys| keys.iter().any(|(k, _)| k == kind))
+            || self.owned.get(uid).is_some_and(|keys| keys.iter().any(|(k, _)| *k == kind))
+    }
+
+    /// Records what a pass judged of version `rv` of `k` (unless a newer
+    /// version arrived meanwhile): the text is no longer kept.
+    fn judged(&mut self, k: &Key, rv: u64, judgement: Judgement) {
+        if let Some(live) = self.objects.get_mut(k).filter(|l| l.resource_version == rv) {
+            live.judgement = judgement;
+        }
     }
 }
 
@@ -448,7 +574,8 @@ impl KubeTarget {
         name: &str,
         owner: &Owner,
     ) -> Result<(), TargetError> {
-        let cached = self.cache().objects.get(&key(kind, name)).map(|l| l.uid.clone());
+        let cached =
+            self.cache().objects.get(&key(kind, name)).map(|l| l.uid.as_deref().map(String::from));
         let uid = match cached {
             Some(uid) => uid,
             None => {
@@ -480,21 +607,15 @@ impl KubeTarget {
     /// The route's state from the cached Ingress: its address, or how long
     /// it has waited for one.
     fn route(&self, name: &str) -> (String, Option<Duration>) {
-        let Some(text) = self.cache().objects.get(&key("Ingress", name)).map(|l| l.object.clone())
-        else {
+        let reading = self.cache().objects.get(&key("Ingress", name)).map(|l| l.reading.clone());
+        let Some(Reading::Route { address, created }) = reading else {
             return (String::new(), None);
         };
-        let object: Value = serde_json::from_str(&text).unwrap_or_default();
-        let lb = &object["status"]["loadBalancer"]["ingress"][0];
-        let address = lb["hostname"].as_str().filter(|h| !h.is_empty()).or(lb["ip"].as_str());
-        let created = object["metadata"]["creationTimestamp"]
-            .as_str()
-            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
         let waited = created.map(|c| {
-            let secs = k8s_openapi::jiff::Timestamp::now().as_second() - c.as_second();
+            let secs = k8s_openapi::jiff::Timestamp::now().as_second() - c;
             Duration::from_secs(u64::try_from(secs).unwrap_or(0))
         });
-        (address.unwrap_or("").to_string(), waited)
+        (address.into(), waited)
     }
 }
 /// Whether a Deployment's rollout of its current generation is complete,
@@ -546,18 +667,19 @@ pub fn rollout(deployment: &Deployment) -> Workload {
 /// Updates the cache from one watch event; the gateways to re-check.
 fn track(
     cache: &Mutex<Cache>,
-    kind: &str,
+    kind: &'static str,
     event: Result<watcher::Event<DynamicObject>, watcher::Error>,
 ) -> Vec<String> {
     let mut cache = cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     match event {
         Ok(watcher::Event::Init) => {
-            cache.listing.insert(kind.to_string(), HashMap::new());
+            cache.listing.insert(kind, HashMap::new());
             Vec::new()
         }
         Ok(watcher::Event::InitApply(o)) => {
-            let name = o.metadata.name.clone().unwrap_or_default();
-            cache.listing.entry(kind.to_string()).or_default().insert(name, Live::of(o));
+            let name: Box<str> = o.metadata.name.as_deref().unwrap_or("").into();
+            let live = cache.listed(kind, o);
+            cache.listing.entry(kind).or_default().insert(name, live);
             Vec::new()
         }
         Ok(watcher::Event::InitDone) => {
@@ -565,16 +687,20 @@ fn track(
             cache.swap_list(kind, listed)
         }
         Ok(watcher::Event::Apply(o)) => {
-            let name = o.metadata.name.clone().unwrap_or_default();
-            let live = Live::of(o);
-            let gateway = live.gateway.clone();
-            cache.put(key(kind, &name), live);
+            let k = key(kind, o.metadata.name.as_deref().unwrap_or(""));
+            let live = Live::of(kind, o);
+            let gateway = live.gateway.as_deref().map(String::from);
+            cache.put_newest(k, live);
             gateway.into_iter().collect()
         }
         Ok(watcher::Event::Delete(o)) => {
             let k = key(kind, o.metadata.name.as_deref().unwrap_or(""));
-            cache.take(&k);
-            cache.applied.remove(&k);
+            // Not a later incarnation our apply already answered.
+            let rv = resource_version(o.metadata.resource_version.as_deref());
+            if cache.objects.get(&k).is_none_or(|cached| cached.resource_version <= rv) {
+                cache.take(&k);
+                cache.applied.remove(&k);
+            }
             o.metadata
                 .labels
                 .as_ref()
@@ -589,18 +715,37 @@ fn track(
     }
 }
 
+/// Judges one version of an object against its manifest, rendered with
+/// `fingerprint`.
+fn judge(object: &Value, manifest: &Value, fingerprint: &str) -> Judgement {
+    Judgement::Judged {
+        fingerprint: Arc::from(fingerprint),
+        drift: drift(object, manifest).map(Arc::from),
+    }
+}
+
 #[tonic::async_trait]
 impl Target for KubeTarget {
-    async fn apply(&self, owner: &Owner, manifests: &[Value]) -> Result<(), TargetError> {
+    async fn apply(&self, owner: &Owner, rendered: &Rendered) -> Result<(), TargetError> {
         let mut rendered_kinds = Vec::new();
-        for manifest in manifests {
+        for manifest in &rendered.manifests {
             let (kind, name) = kind_and_name(manifest);
             let api = self.api(manifest["apiVersion"].as_str().unwrap_or(""), kind);
             self.check_owner(&api, kind, name, owner).await?;
             let what = format!("apply {kind} {name}");
             let applied = self.fenced(&what, apply_or_recreate(&api, kind, name, manifest)).await?;
-            let rv = resource_version(applied.metadata.resource_version.as_deref());
-            self.cache().applied.insert(key(kind, name), rv);
+            // The answer is the object as applied: judged now, cached unless
+            // the watch already brought a newer version.
+            let k = key(kind, name);
+            let mut live = Live::of(k.0, applied);
+            if let Judgement::Pending(text) = &live.judgement {
+                let object: Value = serde_json::from_str(text).unwrap_or_default();
+                live.judgement = judge(&object, manifest, &rendered.fingerprint);
+            }
+            let mut cache = self.cache();
+            cache.applied.insert(k.clone(), live.resource_version);
+            cache.put_newest(k, live);
+            drop(cache);
             rendered_kinds.push(kind.to_string());
         }
         // Prune: this gateway's objects of kinds no longer rendered. The
@@ -637,7 +782,7 @@ impl Target for KubeTarget {
             Some(i) => self.route(kind_and_name(i).1),
             None => (String::new(), None),
         };
-        // Only lookups under the lock; the cached texts are parsed and
+        // Only lookups under the lock; texts not judged yet are parsed and
         // compared after it is released (passes run concurrently).
         let (found, leftover) = {
             let cache = self.cache();
@@ -648,37 +793,62 @@ impl Target for KubeTarget {
                 // Read from the watch only, as an informer-based controller
                 // does; until it has listed (or caught up with our apply)
                 // the rollout is in progress and nothing is judged.
-                if !cache.synced.contains(kind) || !cache.caught_up(&k) {
+                if !cache.synced.contains(k.0) || !cache.caught_up(&k) {
                     return Ok(progressing("waiting for the watches to catch up", route_address));
                 }
                 let live = cache.objects.get(&k).map(|live| {
-                    (live.uid.as_deref() == Some(owner.uid.as_str()), live.object.clone())
+                    let ours = live.uid.as_deref() == Some(owner.uid.as_str());
+                    (ours, live.resource_version, live.reading.clone(), live.judgement.clone())
                 });
-                found.push((manifest, live));
+                found.push((manifest, k, live));
             }
             // Left behind: this gateway's objects of a kind no longer rendered.
             (found, cache.owns_other_kinds(&owner.uid, &rendered.manifests))
         };
         let mut drifted = leftover;
         let mut deployment = None;
-        for (manifest, live) in found {
-            let (kind, name) = kind_and_name(manifest);
-            let Some((ours, text)) = live else {
+        let mut verdicts = Vec::new();
+        for (manifest, k, live) in found {
+            let Some((ours, rv, reading, judgement)) = live else {
                 drifted = true;
                 continue;
             };
-            let object: Value = serde_json::from_str(&text).unwrap_or_default();
-            let changed = if ours {
-                drift(&object, manifest)
-            } else {
-                Some(format!(".metadata.labels.{LABEL_GATEWAY_UID}"))
+            let changed = match judgement {
+                _ if !ours => Some(format!(".metadata.labels.{LABEL_GATEWAY_UID}").into()),
+                Judgement::Judged { fingerprint, drift }
+                    if *fingerprint == *rendered.fingerprint =>
+                {
+                    drift
+                }
+                // Judged against another rendering, and not kept: applying
+                // this one answers the object again.
+                Judgement::Judged { .. } => Some(Arc::from("(not compared with this rendering)")),
+                Judgement::Pending(text) => {
+                    let object: Value = serde_json::from_str(&text).unwrap_or_default();
+                    let drift: Option<Arc<str>> = drift(&object, manifest).map(Arc::from);
+                    let fingerprint = Arc::from(rendered.fingerprint.as_str());
+                    let verdict = Judgement::Judged { fingerprint, drift: drift.clone() };
+                    verdicts.push((k.clone(), rv, verdict));
+                    drift
+                }
             };
             if let Some(field) = changed {
-                tracing::info!(kind, name, field, "drifted from what was applied");
+                tracing::info!(
+                    kind = k.0,
+                    name = &*k.1,
+                    field = &*field,
+                    "drifted from what was applied"
+                );
                 drifted = true;
             }
-            if kind == "Deployment" {
-                deployment = Some(object);
+            if let Reading::Rollout(workload) = reading {
+                deployment = Some(workload);
+            }
+        }
+        if !verdicts.is_empty() {
+            let mut cache = self.cache();
+            for (k, rv, verdict) in verdicts {
+                cache.judged(&k, rv, verdict);
             }
         }
         let Some(deployment) = deployment else {
@@ -688,9 +858,7 @@ impl Target for KubeTarget {
                 drifted: true,
             });
         };
-        let deployment: Deployment = serde_json::from_value(deployment)
-            .map_err(|e| TargetError(format!("cannot read the Deployment: {e}")))?;
-        let mut workload = rollout(&deployment);
+        let mut workload = deployment;
         if ingress.is_some() && route_address.is_empty() && workload == Workload::Available {
             let name = ingress.map_or("", |i| kind_and_name(i).1);
             let deadline = self.settings.route_deadline;
@@ -800,14 +968,15 @@ mod tests {
             gateway: Some("edge".into()),
             uid: Some(uid.into()),
             resource_version: 1,
-            object: Arc::from("{}"),
+            reading: Reading::None,
+            judgement: Judgement::Pending(Arc::from("{}")),
         }
     }
 
     #[test]
     fn the_owner_index_follows_every_change_of_the_cache() {
         let mut cache = Cache::default();
-        cache.synced.extend(["ConfigMap".to_string(), "Ingress".to_string()]);
+        cache.synced.extend(["ConfigMap", "Ingress"]);
         cache.put(key("ConfigMap", "edge"), live("u1"));
         cache.put(key("Ingress", "edge"), live("u1"));
         let rendered = [json!({"kind": "ConfigMap"})];
@@ -825,6 +994,111 @@ mod tests {
         assert!(cache.owned.is_empty());
         // A kind not listed yet may hold anything.
         assert!(cache.owns_any("Secret", "u1"));
+    }
+
+    fn object(kind: &str, name: &str, rv: u64, extra: Value) -> DynamicObject {
+        let mut o = json!({
+            "apiVersion": "v1", "kind": kind,
+            "metadata": {
+                "name": name, "namespace": "default", "uid": "server-uid",
+                "resourceVersion": rv.to_string(), "generation": 2,
+                "creationTimestamp": "2026-01-01T00:00:00Z",
+                "labels": {LABEL_GATEWAY: "edge", LABEL_GATEWAY_UID: "u1"},
+                "managedFields": [{"manager": "gantry-reconciler"}],
+            },
+        });
+        if let (Some(o), Some(extra)) = (o.as_object_mut(), extra.as_object()) {
+            o.extend(extra.clone());
+        }
+        serde_json::from_value(o).unwrap()
+    }
+
+    #[test]
+    fn an_object_is_kept_as_what_observe_reads_of_it() {
+        let status = json!({"observedGeneration": 2, "replicas": 2, "updatedReplicas": 2, "availableReplicas": 2});
+        let spec =
+            json!({"replicas": 2, "template": {"spec": {"containers": [{"name": "gateway"}]}}});
+        let live = Live::of(
+            "Deployment",
+            object("Deployment", "edge", 7, json!({"spec": spec, "status": status})),
+        );
+        assert_eq!(live.resource_version, 7);
+        assert_eq!((live.gateway.as_deref(), live.uid.as_deref()), (Some("edge"), Some("u1")));
+        assert_eq!(live.reading, Reading::Rollout(Workload::Available));
+        let Judgement::Pending(text) = &live.judgement else { panic!("{live:?}") };
+        let kept: Value = serde_json::from_str(text).unwrap();
+        assert_eq!(kept["spec"], spec, "every field a rendering can set");
+        assert_eq!(kept["metadata"]["labels"][LABEL_GATEWAY], "edge");
+        for gone in ["status", "apiVersion", "kind"] {
+            assert!(kept.get(gone).is_none(), "{gone} kept: {kept}");
+        }
+        for gone in ["uid", "resourceVersion", "generation", "creationTimestamp", "managedFields"] {
+            assert!(kept["metadata"].get(gone).is_none(), "metadata.{gone} kept: {kept}");
+        }
+        // A rollout behind its generation is in progress.
+        let behind = json!({"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "availableReplicas": 2});
+        let live = Live::of(
+            "Deployment",
+            object("Deployment", "edge", 8, json!({"spec": spec, "status": behind})),
+        );
+        assert!(matches!(live.reading, Reading::Rollout(Workload::Progressing { .. })));
+
+        let lb = json!({"loadBalancer": {"ingress": [{"ip": "10.0.0.9"}]}});
+        let live =
+            Live::of("Ingress", object("Ingress", "edge", 9, json!({"spec": {}, "status": lb})));
+        let Reading::Route { address, created } = live.reading else { panic!() };
+        assert_eq!((&*address, created), ("10.0.0.9", Some(1_767_225_600)));
+    }
+
+    #[test]
+    fn a_judgement_lasts_as_long_as_the_version_it_judged() {
+        let cache = Mutex::new(Cache::default());
+        let verdict = || Judgement::Judged { fingerprint: "f1".into(), drift: None };
+        let list = |rv: u64| {
+            track(&cache, "ConfigMap", Ok(watcher::Event::Init));
+            track(
+                &cache,
+                "ConfigMap",
+                Ok(watcher::Event::InitApply(object("ConfigMap", "edge", rv, json!({})))),
+            );
+            track(&cache, "ConfigMap", Ok(watcher::Event::InitDone))
+        };
+        let cached =
+            |cache: &Mutex<Cache>| cache.lock().unwrap().objects[&key("ConfigMap", "edge")].clone();
+        assert_eq!(list(5), ["edge"]);
+        cache.lock().unwrap().judged(&key("ConfigMap", "edge"), 5, verdict());
+        // A relist of the same version keeps the verdict (no text again).
+        assert!(list(5).is_empty());
+        assert_eq!(cached(&cache).judgement, verdict());
+        // The watch's echo of the same version too; an older one is ignored.
+        let apply = |rv| {
+            Ok(watcher::Event::Apply(object("ConfigMap", "edge", rv, json!({"data": {"a": "1"}}))))
+        };
+        track(&cache, "ConfigMap", apply(5));
+        track(&cache, "ConfigMap", apply(4));
+        assert_eq!((cached(&cache).resource_version, cached(&cache).judgement), (5, verdict()));
+        // A verdict for a version that was replaced meanwhile is dropped.
+        track(&cache, "ConfigMap", apply(6));
+        cache.lock().unwrap().judged(&key("ConfigMap", "edge"), 5, verdict());
+        assert!(matches!(cached(&cache).judgement, Judgement::Pending(_)));
+        // Of the same version, a judgement (an apply's answer) replaces text.
+        let mut answered = Live::of("ConfigMap", object("ConfigMap", "edge", 6, json!({})));
+        answered.judgement = verdict();
+        cache.lock().unwrap().put_newest(key("ConfigMap", "edge"), answered);
+        assert_eq!(cached(&cache).judgement, verdict());
+        // The deletion of an older incarnation leaves the newer one cached.
+        track(
+            &cache,
+            "ConfigMap",
+            Ok(watcher::Event::Delete(object("ConfigMap", "edge", 3, json!({})))),
+        );
+        assert_eq!(cached(&cache).resource_version, 6);
+        track(
+            &cache,
+            "ConfigMap",
+            Ok(watcher::Event::Delete(object("ConfigMap", "edge", 7, json!({})))),
+        );
+        assert!(cache.lock().unwrap().objects.is_empty() && cache.lock().unwrap().owned.is_empty());
     }
 
     fn deployment(generation: i64, status: Value) -> Deployment {
