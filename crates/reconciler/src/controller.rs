@@ -135,13 +135,14 @@ pub struct Controller {
     store: Arc<dyn GatewayStore>,
     target: Arc<dyn Target>,
     settings: Settings,
-    cache: Mutex<HashMap<String, Gateway>>,
+    cache: Mutex<HashMap<String, Cached>>,
     /// Failure records this process holds (read from status, or newer than
     /// what status shows when a status write failed).
     records: Mutex<HashMap<String, Attempts>>,
     /// Consecutive errors per gateway, for the worker's backoff.
     errors: Mutex<HashMap<String, u32>>,
-    first_seen: Mutex<HashMap<(String, i64), Instant>>,
+    /// When each generation of a gateway not yet observed was first seen.
+    first_seen: Mutex<HashMap<String, Vec<(i64, Instant)>>>,
     /// When a store event first queued each gateway since its last pass.
     queued_at: Mutex<HashMap<String, std::time::Instant>>,
     queue: WorkQueue,
@@ -153,6 +154,27 @@ pub struct Controller {
     synced: AtomicBool,
     /// Why the store watch is down, while it is.
     watch_down: Mutex<Option<String>>,
+}
+
+/// A cached gateway, encoded: decoded, a converged gateway took several
+/// times its encoding in memory (at 100,000 gateways, the bulk of the
+/// reconciler's budget). A pass decodes it.
+#[derive(Debug)]
+struct Cached {
+    resource_version: i64,
+    /// For the phase gauges, read at every scrape.
+    phase: Phase,
+    bytes: Arc<[u8]>,
+}
+
+impl Cached {
+    fn of(gateway: &Gateway) -> Self {
+        Self {
+            resource_version: rv_of(gateway),
+            phase: gateway.status.as_ref().map_or(Phase::Unspecified, GatewayStatus::phase),
+            bytes: prost::Message::encode_to_vec(gateway).into(),
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -237,8 +259,7 @@ impl Controller {
         let mut counts: HashMap<String, i64> =
             ALL_PHASES.iter().map(|p| (phase_name(*p), 0)).collect();
         for g in lock(&self.cache).values() {
-            let phase = g.status.as_ref().map_or(Phase::Unspecified, GatewayStatus::phase);
-            *counts.entry(phase_name(phase)).or_default() += 1;
+            *counts.entry(phase_name(g.phase)).or_default() += 1;
         }
         for (phase, n) in counts {
             self.metrics.gateways.get_or_create(&PhaseLabels { phase }).set(n);
@@ -253,7 +274,8 @@ impl Controller {
 
     /// The cached gateway.
     pub fn cached(&self, name: &str) -> Option<Gateway> {
-        lock(&self.cache).get(name).cloned()
+        let bytes = lock(&self.cache).get(name).map(|c| c.bytes.clone())?;
+        prost::Message::decode(&*bytes).ok()
     }
 
     /// Keeps the newer of the cached and the given gateway; a gateway the
@@ -264,9 +286,10 @@ impl Controller {
             self.forget(&name);
             return;
         }
+        let cached = Cached::of(&gateway);
         let mut cache = lock(&self.cache);
-        if cache.get(&name).is_none_or(|c| rv_of(c) <= rv_of(&gateway)) {
-            cache.insert(name, gateway);
+        if cache.get(&name).is_none_or(|c| c.resource_version <= cached.resource_version) {
+            cache.insert(name, cached);
         }
     }
 
@@ -274,7 +297,7 @@ impl Controller {
         lock(&self.cache).remove(name);
         lock(&self.records).remove(name);
         lock(&self.errors).remove(name);
-        lock(&self.first_seen).retain(|(n, _), _| n != name);
+        lock(&self.first_seen).remove(name);
         lock(&self.queued_at).remove(name);
         self.queue.forget(name);
     }
@@ -500,7 +523,13 @@ impl Controller {
         let meta = gateway.metadata.clone().unwrap_or_default();
         let name = meta.name.as_str();
         let generation = meta.generation;
-        lock(&self.first_seen).entry((name.to_string(), generation)).or_insert_with(Instant::now);
+        {
+            let mut first_seen = lock(&self.first_seen);
+            let seen = first_seen.entry(name.to_string()).or_default();
+            if !seen.iter().any(|(g, _)| *g == generation) {
+                seen.push((generation, Instant::now()));
+            }
+        }
         let current = gateway.status.clone().unwrap_or_default();
         let rendered = render(&gateway, &self.settings.render);
         let inputs = Inputs {
@@ -745,10 +774,16 @@ impl Controller {
         self.metrics.stage("status_write", started);
         let written = written?;
         if observed > previous {
-            if let Some(seen) = lock(&self.first_seen).remove(&(name.clone(), observed)) {
-                self.metrics.convergence.observe(seen.elapsed().as_secs_f64());
+            let mut first_seen = lock(&self.first_seen);
+            if let Some(seen) = first_seen.get_mut(&name) {
+                if let Some((_, at)) = seen.iter().find(|(g, _)| *g == observed) {
+                    self.metrics.convergence.observe(at.elapsed().as_secs_f64());
+                }
+                seen.retain(|(g, _)| *g > observed);
+                if seen.is_empty() {
+                    first_seen.remove(&name);
+                }
             }
-            lock(&self.first_seen).retain(|(n, g), _| n != &name || *g > observed);
         }
         Ok(written)
     }
