@@ -37,10 +37,47 @@ struct Rig {
     kube: KubeFake,
     client: GatewayClient,
     kube_client: kube::Client,
+    reconciler: Reconciler,
+    settings: Settings,
+    kube_settings: KubeSettings,
+    dir: std::path::PathBuf,
+}
+
+/// One reconciler (a process's worth: its own caches and watches).
+struct Reconciler {
+    controller: Arc<Controller>,
     metrics: Arc<Metrics>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    reconciler: Option<tokio::task::JoinHandle<()>>,
-    dir: std::path::PathBuf,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Reconciler {
+    fn start(
+        store: &ClientConfig,
+        kube: &kube::Client,
+        settings: &Settings,
+        kube_settings: &KubeSettings,
+    ) -> Self {
+        let target: Arc<dyn Target> =
+            Arc::new(KubeTarget::with_settings(kube.clone(), "default", kube_settings.clone()));
+        let metrics = Arc::new(Metrics::default());
+        let controller =
+            Controller::new(grpc_store(store), target, settings.clone(), metrics.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(controller.clone().run(async {
+            let _ = stopped.await;
+        }));
+        Reconciler { controller, metrics, stop: Some(stop), task: Some(task) }
+    }
+
+    async fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(PATIENCE, task).await.unwrap().unwrap();
+        }
+    }
 }
 
 fn settings() -> Settings {
@@ -89,24 +126,17 @@ impl Rig {
             kube::Client::try_from(kube::Config::new(kube.url().parse().unwrap())).unwrap();
         let config = ClientConfig { endpoint: store.endpoint(), ..Default::default() };
         let client = gantry_client::connect(&config).await.unwrap();
-        let target: Arc<dyn Target> =
-            Arc::new(KubeTarget::with_settings(kube_client.clone(), "default", kube_settings));
-        let metrics = Arc::new(Metrics::default());
-        let controller = Controller::new(grpc_store(&config), target, settings, metrics.clone());
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let reconciler = tokio::spawn(controller.run(async {
-            let _ = stopped.await;
-        }));
-        Rig {
-            store,
-            kube,
-            client,
-            kube_client,
-            metrics,
-            stop: Some(stop),
-            reconciler: Some(reconciler),
-            dir,
-        }
+        let reconciler = Reconciler::start(&config, &kube_client, &settings, &kube_settings);
+        Rig { store, kube, client, kube_client, reconciler, settings, kube_settings, dir }
+    }
+
+    /// Stops the reconciler and starts another (a restarted process).
+    async fn restart_reconciler(&mut self, before_start: impl FnOnce(&KubeFake)) {
+        self.reconciler.stop().await;
+        before_start(&self.kube);
+        let config = ClientConfig { endpoint: self.store.endpoint(), ..Default::default() };
+        self.reconciler =
+            Reconciler::start(&config, &self.kube_client, &self.settings, &self.kube_settings);
     }
 
     fn deployments(&self) -> Api<Deployment> {
@@ -178,7 +208,7 @@ impl Rig {
     }
 
     fn reconciles(&self) -> u64 {
-        let text = self.metrics.encode();
+        let text = self.reconciler.metrics.encode();
         text.lines()
             .filter(|l| l.starts_with("gantry_reconciler_reconciles_total{"))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
@@ -186,12 +216,7 @@ impl Rig {
     }
 
     async fn stop(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.reconciler.take() {
-            tokio::time::timeout(PATIENCE, task).await.unwrap().unwrap();
-        }
+        self.reconciler.stop().await;
         let _ = std::fs::remove_dir_all(&self.dir);
         drop(self.store);
         self.kube.stop().await;
@@ -528,6 +553,58 @@ async fn checking_a_converged_gateway_sends_no_request_to_the_cluster() {
         .collect();
     assert!(requests.is_empty(), "a converged gateway's check reached the cluster: {requests:?}");
     assert_eq!(meta(&rig.get("quiet").await.unwrap()).generation, meta(&g).generation);
+    rig.stop().await;
+}
+
+/// A restarted reconciler waits for its watches of the owned objects to
+/// list before it judges anything, as an informer-based controller waits
+/// for its caches: judged before, every converged gateway read as "waiting
+/// for the watches" and had its status flapped to PROVISIONING and back.
+/// Meanwhile /readyz names the watch it waits for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_leaves_converged_gateways_untouched_while_its_watches_list() {
+    let mut rig = Rig::start().await;
+    rig.create("steady", spec("ghcr.io/acme/gw:1")).await;
+    let converged = rig.wait_running("steady").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = rig.get("steady").await.unwrap();
+    assert_eq!(before.status, converged.status);
+    // The new process's list of Deployments takes two seconds.
+    rig.restart_reconciler(|kube| {
+        kube.inject(FaultRule {
+            verb: Some("list".into()),
+            resource: Some("apps/deployments".into()),
+            action: FaultAction::Latency(Duration::from_secs(2)),
+            rate: 1.0,
+            remaining: Some(1),
+        })
+    })
+    .await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match rig.reconciler.controller.readiness() {
+            Err(reason) if reason.contains("Deployment") => break,
+            other => assert!(
+                tokio::time::Instant::now() < deadline,
+                "never reported the Deployment watch as not listed: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(rig.reconciles(), 0, "a pass ran before the watches listed");
+    while rig.reconciles() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "no pass after the watches listed");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = rig.get("steady").await.unwrap();
+    assert_eq!(
+        meta(&after).resource_version,
+        meta(&before).resource_version,
+        "the restart wrote the gateway: {:?}",
+        after.status
+    );
+    assert_eq!(rig.reconciler.controller.readiness(), Ok(()));
     rig.stop().await;
 }
 

@@ -245,6 +245,13 @@ impl Controller {
         if !self.synced.load(Ordering::Relaxed) {
             return Err("the first list of gateway-store is not done".into());
         }
+        let unsynced = self.target.unsynced();
+        if !unsynced.is_empty() {
+            return Err(format!(
+                "the watches of {} have not listed yet; check the reconciler's access to them",
+                unsynced.join(", ")
+            ));
+        }
         Ok(())
     }
 
@@ -367,6 +374,7 @@ impl Controller {
     /// leadership is lost is cancelled (the next leader repairs a partial
     /// apply).
     async fn work(self: Arc<Self>, mut leading: tokio::sync::watch::Receiver<bool>) {
+        self.wait_for_target_watches().await;
         loop {
             if leading.wait_for(|l| *l).await.is_err() {
                 return;
@@ -391,6 +399,27 @@ impl Controller {
                 }
             }
             self.queue.done(&name);
+        }
+    }
+
+    /// Waits until the target's watches have listed, as an informer-based
+    /// controller waits for its caches: a pass before that would judge
+    /// every converged gateway as waiting for them (and write that to its
+    /// status). Says which watches it waits for, every half minute.
+    async fn wait_for_target_watches(&self) {
+        let started = Instant::now();
+        let mut told = started;
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        loop {
+            let unsynced = self.target.unsynced();
+            if unsynced.is_empty() {
+                return;
+            }
+            if told.elapsed() >= Duration::from_secs(30) {
+                told = Instant::now();
+                tracing::warn!(kinds = ?unsynced, waited = ?started.elapsed(), "no gateway is reconciled until these watches have listed; check the reconciler's RBAC and the API server");
+            }
+            tick.tick().await;
         }
     }
 

@@ -238,7 +238,11 @@ pub fn render(gateway: &Gateway, settings: &RenderSettings) -> Rendered {
             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
         }));
     }
-    let bytes: Vec<u8> = manifests.iter().flat_map(|m| m.to_string().into_bytes()).collect();
+    let mut bytes = Vec::with_capacity(8 * 1024);
+    for m in &manifests {
+        // Writing a Value to a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut bytes, m);
+    }
     let fingerprint = fingerprint(&bytes);
     for m in &mut manifests {
         if m["kind"] == "Deployment" {

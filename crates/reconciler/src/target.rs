@@ -52,6 +52,13 @@ pub trait Target: Send + Sync + std::fmt::Debug + 'static {
         None
     }
 
+    /// Kinds whose watch has not listed yet (none for a target without
+    /// watches). Passes wait for all of them: judged before, every
+    /// converged gateway would read as "waiting" and its status flap.
+    fn unsynced(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+
     /// Whether this process may write now (false once a leader's tenure
     /// lapsed): a refused write is then not an apply failure.
     fn may_write(&self) -> bool {

@@ -949,6 +949,11 @@ impl Target for KubeTarget {
         Some(tokio_stream::wrappers::ReceiverStream::new(rx).boxed())
     }
 
+    fn unsynced(&self) -> Vec<&'static str> {
+        let cache = self.cache();
+        OWNED_KINDS.iter().map(|(_, k)| *k).filter(|k| !cache.synced.contains(k)).collect()
+    }
+
     fn may_write(&self) -> bool {
         self.fence.allows()
     }
