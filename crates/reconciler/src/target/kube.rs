@@ -87,8 +87,9 @@ struct Cache {
     /// A list in progress, per kind: swapped in whole when it is done, so a
     /// relist never shows a half-empty cache.
     listing: HashMap<&'static str, HashMap<Box<str>, Live>>,
-    /// `(kind, name)` → resourceVersion our last apply returned: a cached
-    /// copy older than that is not judged (the watch lags our write).
+    /// `(kind, name)` → resourceVersion our last apply returned, until the
+    /// watch brings that version: a cached copy older than that is not
+    /// judged (the watch lags our write).
     applied: HashMap<Key, u64>,
     /// Gateway uid → the keys of its objects in `objects`: what a gateway
     /// owns without scanning every cached object (a scan per pass made a
@@ -376,6 +377,7 @@ impl Cache {
         }
         for (name, live) in listed {
             let k = (kind, name);
+            self.seen(&k, live.resource_version);
             match self.objects.get(&k) {
                 Some(before) if before.resource_version == live.resource_version => {}
                 before => {
@@ -389,6 +391,14 @@ impl Cache {
         changed.sort();
         changed.dedup();
         changed
+    }
+
+    /// The watch brought version `rv` of `k`: our write of it (or of an
+    /// older version) no longer needs remembering.
+    fn seen(&mut self, k: &Key, rv: u64) {
+        if self.applied.get(k).is_some_and(|applied| *applied <= rv) {
+            self.applied.remove(k);
+        }
     }
 
     /// Whether the cached copy of `k` is at least as new as our last apply.
@@ -690,6 +700,7 @@ fn track(
             let k = key(kind, o.metadata.name.as_deref().unwrap_or(""));
             let live = Live::of(kind, o);
             let gateway = live.gateway.as_deref().map(String::from);
+            cache.seen(&k, live.resource_version);
             cache.put_newest(k, live);
             gateway.into_iter().collect()
         }
@@ -1091,17 +1102,24 @@ mod tests {
         answered.judgement = verdict();
         cache.lock().unwrap().put_newest(key("ConfigMap", "edge"), answered);
         assert_eq!(cached(&cache).judgement, verdict());
+        // Our write is remembered until the watch brings its version.
+        cache.lock().unwrap().applied.insert(key("ConfigMap", "edge"), 8);
+        track(&cache, "ConfigMap", apply(7));
+        assert!(!cache.lock().unwrap().caught_up(&key("ConfigMap", "edge")));
+        track(&cache, "ConfigMap", apply(8));
+        assert!(cache.lock().unwrap().applied.is_empty(), "forgotten once seen");
+        assert!(cache.lock().unwrap().caught_up(&key("ConfigMap", "edge")));
         // The deletion of an older incarnation leaves the newer one cached.
         track(
             &cache,
             "ConfigMap",
             Ok(watcher::Event::Delete(object("ConfigMap", "edge", 3, json!({})))),
         );
-        assert_eq!(cached(&cache).resource_version, 6);
+        assert_eq!(cached(&cache).resource_version, 8);
         track(
             &cache,
             "ConfigMap",
-            Ok(watcher::Event::Delete(object("ConfigMap", "edge", 7, json!({})))),
+            Ok(watcher::Event::Delete(object("ConfigMap", "edge", 9, json!({})))),
         );
         assert!(cache.lock().unwrap().objects.is_empty() && cache.lock().unwrap().owned.is_empty());
     }
