@@ -362,8 +362,12 @@ impl Cache {
     }
 
     /// Gateways whose objects differ between two lists of one kind (an
-    /// object listed at the version cached is no change).
+    /// object listed at the version cached is no change). The first list
+    /// of a kind names none: no pass runs before every kind has listed,
+    /// and then every gateway is checked anyway (naming them all queued a
+    /// second check of each once the first ones had run).
     fn swap_list(&mut self, kind: &'static str, listed: HashMap<Box<str>, Live>) -> Vec<String> {
+        let first = !self.synced.contains(kind);
         let mut changed = Vec::new();
         let gone: Vec<Key> = self
             .objects
@@ -388,6 +392,9 @@ impl Cache {
             self.put(k, live);
         }
         self.synced.insert(kind);
+        if first {
+            return Vec::new();
+        }
         changed.sort();
         changed.dedup();
         changed
@@ -1081,6 +1088,8 @@ mod tests {
         };
         let cached =
             |cache: &Mutex<Cache>| cache.lock().unwrap().objects[&key("ConfigMap", "edge")].clone();
+        assert!(list(5).is_empty(), "the first list: every gateway is checked after it anyway");
+        assert_eq!(list(4), ["edge"], "a relist that found another version");
         assert_eq!(list(5), ["edge"]);
         cache.lock().unwrap().judged(&key("ConfigMap", "edge"), 5, verdict());
         // A relist of the same version keeps the verdict (no text again).
