@@ -37,8 +37,8 @@ use serde_json::{Map, Value};
 use super::{Owner, Target, TargetError};
 use crate::leader::Fence;
 use crate::render::{
-    owned_selector, Rendered, FIELD_MANAGER, LABEL_GATEWAY, LABEL_GATEWAY_UID, LABEL_MANAGED_BY,
-    MANAGED_BY, OWNED_KINDS,
+    owned_selector, Rendered, ANNOTATION_FINGERPRINT, FIELD_MANAGER, LABEL_GATEWAY,
+    LABEL_GATEWAY_UID, LABEL_MANAGED_BY, MANAGED_BY, OWNED_KINDS,
 };
 use crate::status::{Observation, Workload};
 
@@ -95,6 +95,10 @@ struct Cache {
     /// owns without scanning every cached object (a scan per pass made a
     /// fleet of 10,000 quadratic).
     owned: HashMap<Arc<str>, Vec<Key>>,
+    /// The texts of objects not judged yet, shared ([`Unjudged`]).
+    shapes: HashSet<Arc<str>>,
+    /// Size of `shapes` after its last sweep of texts no object holds.
+    swept: usize,
 }
 
 /// An owned object as the watch last saw it. Not the object: at 100,000
@@ -130,11 +134,59 @@ enum Judgement {
     /// Not compared yet: the object as JSON text without what no rendering
     /// sets (status, server-only metadata), parsed by the first pass that
     /// compares it.
-    Pending(Arc<str>),
+    Pending(Unjudged),
     /// Compared with the rendering of this fingerprint: the first rendered
     /// value it lacks, if any. Another rendering is applied before it is
     /// compared (an apply answers the object, which is then judged).
     Judged { fingerprint: Arc<str>, drift: Option<Arc<str>> },
+}
+
+/// The text of an object not judged yet, with its gateway's uid, name and
+/// fingerprint cut out (placeholders no JSON text holds: serializers
+/// escape control characters): the objects of gateways rendered alike
+/// share one text, so a restart over a fleet stamped from a few templates
+/// holds a few texts per kind while its watches list, not one per object.
+#[derive(Debug, Clone, PartialEq)]
+struct Unjudged {
+    shape: Arc<str>,
+    /// The pod template's fingerprint annotation (Deployments).
+    fingerprint: Option<Box<str>>,
+}
+
+const CUT_UID: &str = "\u{1}";
+const CUT_FINGERPRINT: &str = "\u{2}";
+const CUT_GATEWAY: &str = "\u{3}";
+
+impl Unjudged {
+    /// The cuts of a text, in the order they are made (and undone in
+    /// reverse): each value is cut wherever it occurs, so undoing them
+    /// restores the text exactly whatever else the values match.
+    fn cuts<'a>(
+        uid: Option<&'a str>,
+        fingerprint: Option<&'a str>,
+        gateway: Option<&'a str>,
+    ) -> impl DoubleEndedIterator<Item = (&'static str, &'a str)> {
+        [(CUT_UID, uid), (CUT_FINGERPRINT, fingerprint), (CUT_GATEWAY, gateway)]
+            .into_iter()
+            .filter_map(|(cut, value)| Some((cut, value.filter(|v| !v.is_empty())?)))
+    }
+
+    fn of(text: &str, uid: Option<&str>, fingerprint: Option<&str>, gateway: Option<&str>) -> Self {
+        let mut shape = text.to_string();
+        for (cut, value) in Self::cuts(uid, fingerprint, gateway) {
+            shape = shape.replace(value, cut);
+        }
+        Unjudged { shape: Arc::from(shape), fingerprint: fingerprint.map(Box::from) }
+    }
+
+    /// The object's text again.
+    fn text(&self, uid: Option<&str>, gateway: Option<&str>) -> String {
+        let mut text = self.shape.to_string();
+        for (cut, value) in Self::cuts(uid, self.fingerprint.as_deref(), gateway).rev() {
+            text = text.replace(cut, value);
+        }
+        text
+    }
 }
 
 /// The kind of [`OWNED_KINDS`] named `kind` ("" for any other).
@@ -187,14 +239,25 @@ impl Live {
         if let Some(fields) = data.as_object_mut() {
             fields.insert("metadata".into(), kept);
         }
+        let fingerprint =
+            data["spec"]["template"]["metadata"]["annotations"][ANNOTATION_FINGERPRINT].as_str();
+        let (gateway, uid) = (label(LABEL_GATEWAY), label(LABEL_GATEWAY_UID));
+        let text = serde_json::to_string(&data).unwrap_or_default();
+        let unjudged = Unjudged::of(&text, uid.as_deref(), fingerprint, gateway.as_deref());
         Live {
-            gateway: label(LABEL_GATEWAY),
-            uid: label(LABEL_GATEWAY_UID),
+            gateway,
+            uid,
             resource_version: resource_version(metadata.resource_version.as_deref()),
             reading,
-            judgement: Judgement::Pending(Arc::from(
-                serde_json::to_string(&data).unwrap_or_default(),
-            )),
+            judgement: Judgement::Pending(unjudged),
+        }
+    }
+
+    /// The object's text, if not judged yet.
+    fn unjudged_text(&self) -> Option<String> {
+        match &self.judgement {
+            Judgement::Pending(u) => Some(u.text(self.uid.as_deref(), self.gateway.as_deref())),
+            Judgement::Judged { .. } => None,
         }
     }
 }
@@ -287,6 +350,21 @@ fn is_empty(v: &Value) -> bool {
 }
 
 impl Cache {
+    /// Shares the text of `live` with every other object of that shape.
+    fn share(&mut self, live: &mut Live) {
+        let Judgement::Pending(unjudged) = &mut live.judgement else { return };
+        match self.shapes.get(&unjudged.shape) {
+            Some(shared) => unjudged.shape = shared.clone(),
+            None => {
+                self.shapes.insert(unjudged.shape.clone());
+                if self.shapes.len() > 2 * self.swept + 1024 {
+                    self.shapes.retain(|shape| Arc::strong_count(shape) > 1);
+                    self.swept = self.shapes.len();
+                }
+            }
+        }
+    }
+
     /// Caches `live` under `k`, keeping the owner index; the owner's uid
     /// and name are shared by all its objects.
     fn put(&mut self, k: Key, mut live: Live) {
@@ -352,12 +430,16 @@ impl Cache {
 
     /// What a list brings for `name`: the cached entry when it is the same
     /// version (what was judged of it stays), else the object read anew.
-    fn listed(&self, kind: &'static str, o: DynamicObject) -> Live {
+    fn listed(&mut self, kind: &'static str, o: DynamicObject) -> Live {
         let name = o.metadata.name.as_deref().unwrap_or("");
         let rv = resource_version(o.metadata.resource_version.as_deref());
         match self.objects.get(&(kind, name.into())) {
             Some(cached) if cached.resource_version == rv => cached.clone(),
-            _ => Live::of(kind, o),
+            _ => {
+                let mut live = Live::of(kind, o);
+                self.share(&mut live);
+                live
+            }
         }
     }
 
@@ -705,7 +787,8 @@ fn track(
         }
         Ok(watcher::Event::Apply(o)) => {
             let k = key(kind, o.metadata.name.as_deref().unwrap_or(""));
-            let live = Live::of(kind, o);
+            let mut live = Live::of(kind, o);
+            cache.share(&mut live);
             let gateway = live.gateway.as_deref().map(String::from);
             cache.seen(&k, live.resource_version);
             cache.put_newest(k, live);
@@ -756,8 +839,8 @@ impl Target for KubeTarget {
             // the watch already brought a newer version.
             let k = key(kind, name);
             let mut live = Live::of(k.0, applied);
-            if let Judgement::Pending(text) = &live.judgement {
-                let object: Value = serde_json::from_str(text).unwrap_or_default();
+            if let Some(text) = live.unjudged_text() {
+                let object: Value = serde_json::from_str(&text).unwrap_or_default();
                 live.judgement = judge(&object, manifest, &rendered.fingerprint);
             }
             let mut cache = self.cache();
@@ -816,7 +899,7 @@ impl Target for KubeTarget {
                 }
                 let live = cache.objects.get(&k).map(|live| {
                     let ours = live.uid.as_deref() == Some(owner.uid.as_str());
-                    (ours, live.resource_version, live.reading.clone(), live.judgement.clone())
+                    (ours, live.clone())
                 });
                 found.push((manifest, k, live));
             }
@@ -827,26 +910,27 @@ impl Target for KubeTarget {
         let mut deployment = None;
         let mut verdicts = Vec::new();
         for (manifest, k, live) in found {
-            let Some((ours, rv, reading, judgement)) = live else {
+            let Some((ours, live)) = live else {
                 drifted = true;
                 continue;
             };
-            let changed = match judgement {
+            let changed = match &live.judgement {
                 _ if !ours => Some(format!(".metadata.labels.{LABEL_GATEWAY_UID}").into()),
                 Judgement::Judged { fingerprint, drift }
-                    if *fingerprint == *rendered.fingerprint =>
+                    if **fingerprint == *rendered.fingerprint =>
                 {
-                    drift
+                    drift.clone()
                 }
                 // Judged against another rendering, and not kept: applying
                 // this one answers the object again.
                 Judgement::Judged { .. } => Some(Arc::from("(not compared with this rendering)")),
-                Judgement::Pending(text) => {
+                Judgement::Pending(unjudged) => {
+                    let text = unjudged.text(live.uid.as_deref(), live.gateway.as_deref());
                     let object: Value = serde_json::from_str(&text).unwrap_or_default();
                     let drift: Option<Arc<str>> = drift(&object, manifest).map(Arc::from);
                     let fingerprint = Arc::from(rendered.fingerprint.as_str());
                     let verdict = Judgement::Judged { fingerprint, drift: drift.clone() };
-                    verdicts.push((k.clone(), rv, verdict));
+                    verdicts.push((k.clone(), live.resource_version, verdict));
                     drift
                 }
             };
@@ -859,7 +943,7 @@ impl Target for KubeTarget {
                 );
                 drifted = true;
             }
-            if let Reading::Rollout(workload) = reading {
+            if let Reading::Rollout(workload) = live.reading {
                 deployment = Some(workload);
             }
         }
@@ -992,7 +1076,7 @@ mod tests {
             uid: Some(uid.into()),
             resource_version: 1,
             reading: Reading::None,
-            judgement: Judgement::Pending(Arc::from("{}")),
+            judgement: Judgement::Pending(Unjudged::of("{}", None, None, None)),
         }
     }
 
@@ -1048,8 +1132,7 @@ mod tests {
         assert_eq!(live.resource_version, 7);
         assert_eq!((live.gateway.as_deref(), live.uid.as_deref()), (Some("edge"), Some("u1")));
         assert_eq!(live.reading, Reading::Rollout(Workload::Available));
-        let Judgement::Pending(text) = &live.judgement else { panic!("{live:?}") };
-        let kept: Value = serde_json::from_str(text).unwrap();
+        let kept: Value = serde_json::from_str(&live.unjudged_text().unwrap()).unwrap();
         assert_eq!(kept["spec"], spec, "every field a rendering can set");
         assert_eq!(kept["metadata"]["labels"][LABEL_GATEWAY], "edge");
         for gone in ["status", "apiVersion", "kind"] {
@@ -1071,6 +1154,59 @@ mod tests {
             Live::of("Ingress", object("Ingress", "edge", 9, json!({"spec": {}, "status": lb})));
         let Reading::Route { address, created } = live.reading else { panic!() };
         assert_eq!((&*address, created), ("10.0.0.9", Some(1_767_225_600)));
+    }
+
+    #[test]
+    fn objects_of_gateways_rendered_alike_share_their_text_until_judged() {
+        let deployment = |gateway: &str, uid: &str, fingerprint: &str| {
+            let mut o = object(
+                "Deployment",
+                gateway,
+                3,
+                json!({"spec": {
+                    "selector": {"matchLabels": {LABEL_GATEWAY: gateway}},
+                    "template": {"metadata": {"annotations": {ANNOTATION_FINGERPRINT: fingerprint}},
+                        "spec": {"containers": [{"name": "gateway", "image": "gw:1", "args": [format!("--name={gateway}")]}]}},
+                }}),
+            );
+            o.metadata.labels = Some(
+                [
+                    (LABEL_GATEWAY.to_string(), gateway.to_string()),
+                    (LABEL_GATEWAY_UID.to_string(), uid.to_string()),
+                ]
+                .into(),
+            );
+            o
+        };
+        let mut cache = Cache::default();
+        let mut texts = Vec::new();
+        let mut lives = Vec::new();
+        // "a" occurs in other values too ("gateway", "args"): cut and
+        // restored wherever it occurs, the text comes back exactly.
+        for (gateway, uid, fingerprint) in
+            [("edge", "u-1", "f00d"), ("core", "u-2", "beef"), ("a", "u-3", "cafe")]
+        {
+            let o = deployment(gateway, uid, fingerprint);
+            let mut expected = serde_json::to_value(&o).unwrap();
+            let labels = expected["metadata"]["labels"].clone();
+            expected["metadata"] = json!({"name": gateway, "namespace": "default", "labels": labels, "annotations": null});
+            for gone in ["apiVersion", "kind"] {
+                expected.as_object_mut().unwrap().remove(gone);
+            }
+            let mut live = Live::of("Deployment", o);
+            cache.share(&mut live);
+            let text: Value = serde_json::from_str(&live.unjudged_text().unwrap()).unwrap();
+            assert_eq!(text, expected, "{gateway}");
+            texts.push(text);
+            lives.push(live);
+        }
+        let shape = |l: &Live| match &l.judgement {
+            Judgement::Pending(u) => u.shape.clone(),
+            Judgement::Judged { .. } => panic!("judged"),
+        };
+        assert!(Arc::ptr_eq(&shape(&lives[0]), &shape(&lives[1])), "one text for both");
+        assert_eq!(cache.shapes.len(), 2);
+        assert_ne!(texts[0], texts[1]);
     }
 
     #[test]
