@@ -349,12 +349,23 @@ impl Controller {
             }));
         }
         tasks.push(tokio::spawn(self.clone().resync()));
+        // One wait for the target's watches, shared by every worker.
+        let (listed, watches_listed) = tokio::sync::watch::channel(false);
+        let gate = {
+            let controller = self.clone();
+            tokio::spawn(async move {
+                controller.wait_for_target_watches().await;
+                let _ = listed.send(true);
+            })
+        };
         let workers: Vec<_> = (0..self.settings.concurrency.max(1))
-            .map(|_| tokio::spawn(self.clone().work(leading.clone())))
+            .map(|_| tokio::spawn(self.clone().work(leading.clone(), watches_listed.clone())))
             .collect();
         shutdown.await;
         tracing::info!("shutting down: finishing in-flight reconciles");
         self.queue.close();
+        // Workers still waiting for the watches stop too.
+        gate.abort();
         for worker in workers {
             let _ = worker.await;
         }
@@ -373,8 +384,14 @@ impl Controller {
     /// One worker: takes names while leading; a pass in flight when
     /// leadership is lost is cancelled (the next leader repairs a partial
     /// apply).
-    async fn work(self: Arc<Self>, mut leading: tokio::sync::watch::Receiver<bool>) {
-        self.wait_for_target_watches().await;
+    async fn work(
+        self: Arc<Self>,
+        mut leading: tokio::sync::watch::Receiver<bool>,
+        mut watches_listed: tokio::sync::watch::Receiver<bool>,
+    ) {
+        if watches_listed.wait_for(|listed| *listed).await.is_err() {
+            return;
+        }
         loop {
             if leading.wait_for(|l| *l).await.is_err() {
                 return;
@@ -406,6 +423,7 @@ impl Controller {
     /// controller waits for its caches: a pass before that would judge
     /// every converged gateway as waiting for them (and write that to its
     /// status). Says which watches it waits for, every half minute.
+    /// Workers start after it; a shutdown meanwhile does not wait for it.
     async fn wait_for_target_watches(&self) {
         let started = Instant::now();
         let mut told = started;

@@ -21,6 +21,8 @@ struct ScriptedTarget {
     drifted: AtomicBool,
     applies: Mutex<Vec<(String, Instant)>>,
     deletes: AtomicU32,
+    /// Its watch of Deployments has not listed yet.
+    listing: AtomicBool,
 }
 
 impl ScriptedTarget {
@@ -61,6 +63,14 @@ impl Target for ScriptedTarget {
     async fn delete(&self, _: &Owner) -> Result<bool, TargetError> {
         self.deletes.fetch_add(1, Ordering::SeqCst);
         Ok(true)
+    }
+
+    fn unsynced(&self) -> Vec<&'static str> {
+        if self.listing.load(Ordering::SeqCst) {
+            vec!["Deployment"]
+        } else {
+            Vec::new()
+        }
     }
 
     fn name(&self) -> &'static str {
@@ -486,5 +496,27 @@ async fn every_stage_of_a_change_is_timed() {
             .unwrap_or_else(|| panic!("stage {stage} not timed:\n{text}"));
         assert!(n >= 1, "stage {stage} counted {n} times");
     }
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_pass_runs_before_the_targets_watches_list_and_a_shutdown_does_not_wait_for_them() {
+    let (store, target) = (MemoryStore::default(), Arc::new(ScriptedTarget::default()));
+    target.listing.store(true, Ordering::SeqCst);
+    create(&store, Gateway::test("edge"));
+    let running = Running::start(&store, &target);
+    tokio::time::sleep(MINUTE).await;
+    assert_eq!(target.total_applies(), 0, "a pass ran before the watches listed");
+    let not_ready = running.controller.readiness().unwrap_err();
+    assert!(not_ready.contains("Deployment"), "{not_ready}");
+    tokio::time::timeout(MINUTE, running.stop())
+        .await
+        .expect("the shutdown waited for the watches");
+
+    let running = Running::start(&store, &target);
+    tokio::time::sleep(MINUTE).await;
+    target.listing.store(false, Ordering::SeqCst);
+    until(MINUTE, "converged once the watches listed", || is_running(&store, "edge")).await;
+    assert_eq!(running.controller.readiness(), Ok(()));
     running.stop().await;
 }
