@@ -196,6 +196,28 @@ impl Live {
     /// Reads what observe needs of `o` and keeps the fields a rendering can
     /// set as text (one serialization, no intermediate copy of the object).
     fn of(kind: &str, o: DynamicObject) -> Live {
+        Self::read(kind, o, |data, uid, gateway| {
+            let fingerprint = data["spec"]["template"]["metadata"]["annotations"]
+                [ANNOTATION_FINGERPRINT]
+                .as_str();
+            let text = serde_json::to_string(data).unwrap_or_default();
+            Judgement::Pending(Unjudged::of(&text, uid, fingerprint, gateway))
+        })
+    }
+
+    /// An apply's answer for `manifest`, judged at once.
+    fn answered(kind: &str, o: DynamicObject, manifest: &Value, fingerprint: &Arc<str>) -> Live {
+        Self::read(kind, o, |data, _, _| judge(data, manifest, fingerprint))
+    }
+
+    /// What observe needs of `o` besides drift, and `judgement` of the
+    /// fields a rendering can set (status and server-only metadata gone),
+    /// given the gateway's uid and name.
+    fn read(
+        kind: &str,
+        o: DynamicObject,
+        judgement: impl FnOnce(&Value, Option<&str>, Option<&str>) -> Judgement,
+    ) -> Live {
         let DynamicObject { metadata, mut data, .. } = o;
         let label = |key: &str| {
             metadata.labels.as_ref().and_then(|l| l.get(key)).map(|v| Arc::from(v.as_str()))
@@ -237,21 +259,19 @@ impl Live {
         if let Some(fields) = data.as_object_mut() {
             fields.insert("metadata".into(), kept);
         }
-        let fingerprint =
-            data["spec"]["template"]["metadata"]["annotations"][ANNOTATION_FINGERPRINT].as_str();
         let (gateway, uid) = (label(LABEL_GATEWAY), label(LABEL_GATEWAY_UID));
-        let text = serde_json::to_string(&data).unwrap_or_default();
-        let unjudged = Unjudged::of(&text, uid.as_deref(), fingerprint, gateway.as_deref());
+        let judgement = judgement(&data, uid.as_deref(), gateway.as_deref());
         Live {
             gateway,
             uid,
             resource_version: resource_version(metadata.resource_version.as_deref()),
             reading: reading.map(Arc::new),
-            judgement: Judgement::Pending(unjudged),
+            judgement,
         }
     }
 
     /// The object's text, if not judged yet.
+    #[cfg(test)]
     fn unjudged_text(&self) -> Option<String> {
         match &self.judgement {
             Judgement::Pending(u) => Some(u.text(self.uid.as_deref(), self.gateway.as_deref())),
@@ -348,7 +368,14 @@ fn is_empty(v: &Value) -> bool {
 }
 
 impl Cache {
-    /// Shares the text of `live` with every other object of that shape.
+    /// An object the watch brought, its text shared with every other
+    /// object of that shape.
+    fn arrived(&mut self, kind: &str, o: DynamicObject) -> Live {
+        let mut live = Live::of(kind, o);
+        self.share(&mut live);
+        live
+    }
+
     fn share(&mut self, live: &mut Live) {
         let Judgement::Pending(unjudged) = &mut live.judgement else { return };
         match self.shapes.get(&unjudged.shape) {
@@ -440,11 +467,7 @@ impl Cache {
         let rv = resource_version(o.metadata.resource_version.as_deref());
         match self.objects.get(&(kind, name.into())) {
             Some(cached) if cached.resource_version == rv => cached.clone(),
-            _ => {
-                let mut live = Live::of(kind, o);
-                self.share(&mut live);
-                live
-            }
+            _ => self.arrived(kind, o),
         }
     }
 
@@ -793,8 +816,7 @@ fn track(
         }
         Ok(watcher::Event::Apply(o)) => {
             let k = key(kind, o.metadata.name.as_deref().unwrap_or(""));
-            let mut live = Live::of(kind, o);
-            cache.share(&mut live);
+            let live = cache.arrived(kind, o);
             let gateway = live.gateway.as_deref().map(String::from);
             cache.seen(&k, live.resource_version);
             cache.put_newest(k, live);
@@ -845,11 +867,7 @@ impl Target for KubeTarget {
             // The answer is the object as applied: judged now, cached unless
             // the watch already brought a newer version.
             let k = key(kind, name);
-            let mut live = Live::of(k.0, applied);
-            if let Some(text) = live.unjudged_text() {
-                let object: Value = serde_json::from_str(&text).unwrap_or_default();
-                live.judgement = judge(&object, manifest, &fingerprint);
-            }
+            let live = Live::answered(k.0, applied, manifest, &fingerprint);
             let mut cache = self.cache();
             cache.applied.insert(k.clone(), live.resource_version);
             cache.put_newest(k, live);
