@@ -306,12 +306,15 @@ async fn resource_request(
     if verb == "watch" {
         return watch_response(fake, rt, target.namespace.as_deref(), query);
     }
+    if verb == "list" {
+        let body = list(&fake.lock(), rt, target.namespace.as_deref(), query)?;
+        return Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response());
+    }
     let subresource = target.subresource;
     let result = {
         let mut state = fake.lock();
         match verb {
             "get" => state.get(rt, &namespace, &name),
-            "list" => list(&state, rt, target.namespace.as_deref(), query),
             "create" => {
                 if subresource.is_some() {
                     return Err(ApiError::new(
@@ -415,7 +418,7 @@ fn list(
     rt: &ResourceType,
     namespace: Option<&str>,
     query: &BTreeMap<String, String>,
-) -> Result<Value, ApiError> {
+) -> Result<String, ApiError> {
     let (labels, fields) = selectors(query)?;
     let limit: usize =
         query.get("limit").and_then(|l| l.parse().ok()).filter(|l| *l > 0).unwrap_or(usize::MAX);
@@ -441,34 +444,46 @@ fn list(
         }
         None => (state.resource_version(), None),
     };
-    let mut items = Vec::new();
-    let mut next = None;
+    // Items are the stored objects' own text, copied, not rendered again.
+    let mut items = String::from("[");
+    let (mut count, mut last, mut next) = (0, None, None);
     for (key, stored) in state.matching(rt, namespace, &labels, &fields, after.as_deref()) {
-        if items.len() == limit {
+        if count == limit {
             use base64::Engine as _;
-            let last = items.last().map(|(p, _): &(String, Value)| p.clone()).unwrap_or_default();
+            let last: &crate::state::ObjectKey = last.unwrap_or(key);
             next = Some(
                 base64::engine::general_purpose::URL_SAFE_NO_PAD
-                    .encode(format!("{snapshot}\n{last}")),
+                    .encode(format!("{snapshot}\n{}/{}", last.1, last.2)),
             );
             break;
         }
-        items.push((format!("{}/{}", key.1, key.2), State::render(stored)));
+        if count > 0 {
+            items.push(',');
+        }
+        items.push_str(&stored.json);
+        (count, last) = (count + 1, Some(key));
     }
+    items.push(']');
     let mut metadata = json!({"resourceVersion": snapshot.to_string()});
     if let Some(token) = next {
         metadata["continue"] = json!(token);
     }
-    Ok(json!({
-        "kind": format!("{}List", rt.kind),
-        "apiVersion": rt.api_version(),
-        "metadata": metadata,
-        "items": items.into_iter().map(|(_, v)| v).collect::<Vec<_>>(),
-    }))
+    let head = json!({"kind": format!("{}List", rt.kind), "apiVersion": rt.api_version(), "metadata": metadata});
+    Ok(splice(&head, "items", &items))
+}
+
+/// `object` (a JSON object) with one more member, `key`, whose value is
+/// the JSON text `raw`.
+fn splice(object: &Value, key: &str, raw: &str) -> String {
+    let mut text = object.to_string();
+    text.pop();
+    let comma = if text.len() > 1 { "," } else { "" };
+    text.push_str(&format!("{comma}\"{key}\":{raw}}}"));
+    text
 }
 
 struct WatchState {
-    backlog: std::collections::VecDeque<Value>,
+    backlog: std::collections::VecDeque<Bytes>,
     live: broadcast::Receiver<Arc<Event>>,
     resource: String,
     namespace: Option<String>,
@@ -484,9 +499,12 @@ struct WatchState {
 }
 
 fn watch_line(kind: &str, object: &Value) -> Bytes {
-    let mut line = json!({"type": kind, "object": object}).to_string();
-    line.push('\n');
-    Bytes::from(line)
+    raw_watch_line(kind, &object.to_string())
+}
+
+/// A watch event line for an object given as JSON text.
+fn raw_watch_line(kind: &str, object: &str) -> Bytes {
+    Bytes::from(format!("{{\"type\":\"{kind}\",\"object\":{object}}}\n"))
 }
 
 fn watch_response(
@@ -503,6 +521,8 @@ fn watch_response(
     let resource = format!("{}/{}", rt.group, rt.plural);
     let last_rv = state.resource_version();
     let expire = state.expire_next_watches > 0;
+    // An ERROR event ends the stream after it.
+    let mut ended = false;
     if expire {
         state.expire_next_watches -= 1;
         let e = ApiError::new(
@@ -510,10 +530,11 @@ fn watch_response(
             "Expired",
             format!("too old resource version: {requested} ({last_rv})"),
         );
-        backlog.push_back(json!({"type": "ERROR", "object": e.to_status()}));
+        backlog.push_back(watch_line("ERROR", &e.to_status()));
+        ended = true;
     } else if requested.is_empty() || requested == "0" {
         for (_, stored) in state.matching(rt, namespace, &labels, &fields, None) {
-            backlog.push_back(json!({"type": "ADDED", "object": State::render(stored)}));
+            backlog.push_back(raw_watch_line("ADDED", &stored.json));
         }
     } else {
         let rv: u64 = requested
@@ -526,7 +547,8 @@ fn watch_response(
                     "Expired",
                     format!("too old resource version: {rv} ({})", state.compacted() + 1),
                 );
-                backlog.push_back(json!({"type": "ERROR", "object": e.to_status()}));
+                backlog.push_back(watch_line("ERROR", &e.to_status()));
+                ended = true;
             }
             Some(events) => {
                 for event in events {
@@ -549,7 +571,7 @@ fn watch_response(
     let mut epoch = fake.watch_epoch.subscribe();
     epoch.mark_unchanged();
     let state = WatchState {
-        done: false,
+        done: ended,
         backlog,
         live,
         resource,
@@ -576,14 +598,14 @@ fn filter_event(
     namespace: Option<&str>,
     labels: &LabelSelector,
     fields: &FieldSelector,
-) -> Option<Value> {
+) -> Option<Bytes> {
     if event.resource != resource
         || namespace.is_some_and(|ns| ns != event.namespace)
-        || !fields.matches(&event.object)
+        || !fields.matches(&event.namespace, &event.name)
     {
         return None;
     }
-    let now = labels.matches(&event.object["metadata"]["labels"]);
+    let now = labels.matches(&event.labels);
     let before = event.prev_labels.as_ref().is_some_and(|l| labels.matches(l));
     let kind = match (event.kind, before, now) {
         ("ADDED", _, true) => "ADDED",
@@ -593,17 +615,13 @@ fn filter_event(
         ("DELETED", b, n) if b || n => "DELETED",
         _ => return None,
     };
-    Some(json!({"type": kind, "object": event.object}))
+    Some(raw_watch_line(kind, &event.object))
 }
 
 async fn next_watch_line(s: &mut WatchState) -> Option<Bytes> {
     loop {
         if let Some(line) = s.backlog.pop_front() {
-            if line["type"] == "ERROR" {
-                s.done = true;
-                s.backlog.clear();
-            }
-            return Some(Bytes::from(format!("{line}\n")));
+            return Some(line);
         }
         if s.done {
             return None;
@@ -636,7 +654,7 @@ async fn next_watch_line(s: &mut WatchState) -> Option<Bytes> {
                     }
                     s.last_rv = event.rv;
                     if let Some(line) = filter_event(&event, &s.resource, s.namespace.as_deref(), &s.labels, &s.fields) {
-                        return Some(Bytes::from(format!("{line}\n")));
+                        return Some(line);
                     }
                 }
                 // Too slow: end the stream; the client re-watches from its

@@ -364,6 +364,50 @@ pub fn to_fields_v1(fields: &FieldSet) -> Value {
     root
 }
 
+/// The field set of `metadata.managedFields[].fieldsV1`: the inverse of
+/// [`to_fields_v1`] (a path is owned where its node is empty or marked
+/// `.`).
+pub fn from_fields_v1(fields: &Value) -> FieldSet {
+    fn walk(node: &Value, path: &mut Path, out: &mut FieldSet) {
+        let Some(map) = node.as_object() else { return };
+        if !path.is_empty() && (map.is_empty() || map.contains_key(".")) {
+            out.insert(path.clone());
+        }
+        for (key, child) in map {
+            let element = match key.split_at_checked(2) {
+                Some(("f:", f)) => PathElement::Field(f.to_string()),
+                Some(("k:", k)) => PathElement::Key(k.to_string()),
+                Some(("v:", v)) => PathElement::Value(v.to_string()),
+                _ => continue,
+            };
+            path.push(element);
+            walk(child, path, out);
+            path.pop();
+        }
+    }
+    let mut out = FieldSet::new();
+    walk(fields, &mut Vec::new(), &mut out);
+    out
+}
+
+impl Manager {
+    /// A manager from its `metadata.managedFields` entry.
+    pub fn from_entry(entry: &Value) -> Manager {
+        let text = |field: &str| entry[field].as_str().unwrap_or("");
+        Manager {
+            name: text("manager").to_string(),
+            operation: if text("operation") == "Apply" { "Apply" } else { "Update" },
+            subresource: match text("subresource") {
+                "status" => Some("status"),
+                "scale" => Some("scale"),
+                _ => None,
+            },
+            time: text("time").to_string(),
+            fields: from_fields_v1(&entry["fieldsV1"]),
+        }
+    }
+}
+
 /// Whether another manager owns `path` or anything below it.
 fn owned_by_others(managers: &[Manager], me: &str, path: &Path) -> bool {
     managers
@@ -538,6 +582,39 @@ mod tests {
         assert!(port["f:containerPort"].is_object());
         assert!(rendered["f:metadata"]["f:labels"]["f:app"].is_object());
         assert!(rendered["f:metadata"].get("f:name").is_none());
+    }
+
+    #[test]
+    fn managed_fields_read_back_are_the_field_sets_written() {
+        // Stored objects keep their managers only as `managedFields`; every
+        // write reads them back. The reconciler's rendering of a full
+        // gateway has keyed lists, set lists, atomic maps and nesting.
+        let golden = include_str!("../../reconciler/tests/golden/full.yaml");
+        let mut objects: Vec<Value> =
+            golden.split("\n---").map(|doc| serde_saphyr::from_str(doc).unwrap()).collect();
+        objects.push(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "x", "finalizers": ["a/b", "c"], "labels": {}}}));
+        for object in &objects {
+            let api_version = object["apiVersion"].as_str().unwrap();
+            let root = Schema::get().kind(api_version, object["kind"].as_str().unwrap());
+            let set = field_set(root, object, Scope::Whole);
+            assert!(set.len() >= 3, "{object}");
+            assert_eq!(from_fields_v1(&to_fields_v1(&set)), set, "{object}");
+        }
+        let manager = Manager {
+            name: "kube-controller-manager".into(),
+            operation: "Update",
+            subresource: Some("status"),
+            time: "2026-12-04T00:00:00Z".into(),
+            fields: field_set(
+                Schema::get().kind("v1", "ConfigMap"),
+                objects.last().unwrap(),
+                Scope::Whole,
+            ),
+        };
+        let entry = json!({"manager": manager.name, "operation": manager.operation,
+            "subresource": "status", "time": manager.time, "fieldsV1": to_fields_v1(&manager.fields)});
+        assert_eq!(Manager::from_entry(&entry), manager);
     }
 
     #[test]

@@ -70,11 +70,59 @@ fn resource_key(rt: &ResourceType) -> String {
     format!("{}/{}", rt.group, rt.plural)
 }
 
-/// A stored object and who manages which of its fields.
+/// An object being written: its value (without `managedFields`) and who
+/// manages which of its fields.
 #[derive(Debug, Clone)]
-pub struct Stored {
+pub struct Object {
     pub value: Value,
     pub managers: Vec<Manager>,
+}
+
+/// A stored object, kept as clients see it (with `managedFields`) and
+/// serialized once per change: gets, list pages and watch events copy
+/// these bytes instead of rendering the object again, and a fleet's
+/// objects take about what their JSON takes (a parsed value with its
+/// managed field sets took twenty times that). What selectors, garbage
+/// collection and namespace checks read is kept beside it.
+#[derive(Debug, Clone)]
+pub struct Stored {
+    pub json: Arc<str>,
+    /// `metadata.labels` (`null` when there are none).
+    pub labels: Value,
+    pub uid: String,
+    /// The uids of `metadata.ownerReferences`.
+    pub owners: Vec<String>,
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    /// Deleting in the foreground: waits for its dependents to go.
+    pub foreground_deleting: bool,
+}
+
+impl Stored {
+    fn new(json: Arc<str>, value: &Value) -> Stored {
+        let meta = &value["metadata"];
+        Stored {
+            json,
+            labels: meta["labels"].clone(),
+            uid: meta["uid"].as_str().unwrap_or("").to_string(),
+            owners: owner_uids(value).map(String::from).collect(),
+            deleting: meta.get("deletionTimestamp").is_some(),
+            foreground_deleting: is_foreground_deleting(value),
+        }
+    }
+
+    /// The object to write a new version of.
+    pub fn load(&self) -> Object {
+        let mut value: Value = serde_json::from_str(&self.json)
+            .unwrap_or_else(|e| unreachable!("a stored object is JSON serde_json wrote: {e}"));
+        let managed = value["metadata"]
+            .as_object_mut()
+            .and_then(|m| m.remove("managedFields"))
+            .unwrap_or(Value::Null);
+        let managers =
+            managed.as_array().into_iter().flatten().map(ssa::Manager::from_entry).collect();
+        Object { value, managers }
+    }
 }
 
 /// One change, as watches deliver it.
@@ -84,8 +132,12 @@ pub struct Event {
     pub resource: String,
     pub namespace: String,
     /// ADDED, MODIFIED or DELETED.
+    pub name: String,
     pub kind: &'static str,
-    pub object: Value,
+    /// The object after the change, serialized (shared with the store).
+    pub object: Arc<str>,
+    /// Its labels after the change.
+    pub labels: Value,
     /// Labels before the change (to tell a selector-filtered watch that an
     /// object left its selection).
     pub prev_labels: Option<Value>,
@@ -213,9 +265,9 @@ impl State {
     }
 
     /// The object as clients see it, with `managedFields`.
-    pub fn render(stored: &Stored) -> Value {
-        let mut value = stored.value.clone();
-        let managed: Vec<Value> = stored
+    pub fn render(object: &Object) -> Value {
+        let mut value = object.value.clone();
+        let managed: Vec<Value> = object
             .managers
             .iter()
             .map(|m| {
@@ -240,20 +292,26 @@ impl State {
         &mut self,
         key: &ObjectKey,
         kind: &'static str,
-        mut stored: Stored,
+        mut object: Object,
         prev_labels: Option<Value>,
     ) -> Value {
         self.rv += 1;
-        stored.value["metadata"]["resourceVersion"] = json!(self.rv.to_string());
-        let rendered = Self::render(&stored);
+        object.value["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        let rendered = Self::render(&object);
+        let stored = Stored::new(rendered.to_string().into(), &object.value);
         let event = Arc::new(Event {
             rv: self.rv,
             resource: key.0.clone(),
             namespace: key.1.clone(),
+            name: key.2.clone(),
             kind,
-            object: rendered.clone(),
+            object: stored.json.clone(),
+            labels: stored.labels.clone(),
             prev_labels,
         });
+        if key.0 == "apps/deployments" && kind != "DELETED" {
+            self.schedule_rollout(key, &object.value);
+        }
         if kind == "DELETED" {
             self.objects.remove(key);
         } else {
@@ -266,9 +324,6 @@ impl State {
             }
         }
         let _ = self.sender.send(event);
-        if key.0 == "apps/deployments" && kind != "DELETED" {
-            self.schedule_rollout(key);
-        }
         if key.0 == INGRESSES
             && kind != "DELETED"
             && rendered["status"]["loadBalancer"]["ingress"].is_null()
@@ -287,11 +342,10 @@ impl State {
         self.compacted = self.rv;
     }
 
-    fn schedule_rollout(&mut self, key: &ObjectKey) {
-        let Some(stored) = self.objects.get(key) else { return };
-        let generation = stored.value["metadata"]["generation"].as_i64().unwrap_or(0);
-        let observed = stored.value["status"]["observedGeneration"].as_i64().unwrap_or(0);
-        if generation != observed && stored.value["metadata"].get("deletionTimestamp").is_none() {
+    fn schedule_rollout(&mut self, key: &ObjectKey, value: &Value) {
+        let generation = value["metadata"]["generation"].as_i64().unwrap_or(0);
+        let observed = value["status"]["observedGeneration"].as_i64().unwrap_or(0);
+        if generation != observed && value["metadata"].get("deletionTimestamp").is_none() {
             let due = tokio::time::Instant::now() + self.rollout.delay;
             self.pending_rollouts.entry(key.clone()).or_insert(due);
         }
@@ -307,7 +361,10 @@ impl State {
 
     pub fn get(&self, rt: &ResourceType, namespace: &str, name: &str) -> Written {
         let key = Self::key(rt, namespace, name);
-        self.objects.get(&key).map(Self::render).ok_or_else(|| ApiError::not_found(rt, name))
+        self.objects
+            .get(&key)
+            .map(|o| serde_json::from_str(&o.json).unwrap_or(Value::Null))
+            .ok_or_else(|| ApiError::not_found(rt, name))
     }
 
     /// Objects of a type (one namespace or all), filtered, in key order.
@@ -335,10 +392,9 @@ impl State {
             .filter(move |(k, _)| {
                 after.is_none_or(|a| format!("{}/{}", k.1, k.2).as_str() > a)
                     && namespace.is_none_or(|ns| k.1 == ns)
+                    && fields.matches(&k.1, &k.2)
             })
-            .filter(|(_, o)| {
-                labels.matches(&o.value["metadata"]["labels"]) && fields.matches(&o.value)
-            })
+            .filter(|(_, o)| labels.matches(&o.labels))
     }
 
     fn check_namespace(&self, rt: &ResourceType, namespace: &str) -> Result<(), ApiError> {
@@ -352,7 +408,7 @@ impl State {
                 e.details = Some(json!({"name": namespace, "kind": "namespaces"}));
                 Err(e)
             }
-            Some(ns) if ns.value["metadata"].get("deletionTimestamp").is_some() => Err(ApiError::new(
+            Some(ns) if ns.deleting => Err(ApiError::new(
                 403,
                 "Forbidden",
                 format!("unable to create new content in namespace {namespace} because it is being terminated"),
@@ -534,7 +590,7 @@ impl State {
         let root = Schema::get().kind(&rt.api_version(), rt.kind);
         let writer = Writer { root, manager, subresource: None, scope, now: &now };
         ssa::record_update(None, &body, &mut managers, writer);
-        Ok(self.commit(&key, "ADDED", Stored { value: body, managers }, None))
+        Ok(self.commit(&key, "ADDED", Object { value: body, managers }, None))
     }
 
     fn existing(
@@ -542,16 +598,15 @@ impl State {
         rt: &ResourceType,
         namespace: &str,
         name: &str,
-    ) -> Result<(ObjectKey, Stored), ApiError> {
+    ) -> Result<(ObjectKey, Object), ApiError> {
         let key = Self::key(rt, namespace, name);
-        let stored =
-            self.objects.get(&key).cloned().ok_or_else(|| ApiError::not_found(rt, name))?;
-        Ok((key, stored))
+        let stored = self.objects.get(&key).ok_or_else(|| ApiError::not_found(rt, name))?;
+        Ok((key, stored.load()))
     }
 
     /// Stores a new version of an existing object; removes it when it was
     /// being deleted and has no finalizers left.
-    fn replace(&mut self, key: &ObjectKey, old: &Stored, new: Stored) -> Value {
+    fn replace(&mut self, key: &ObjectKey, old: &Object, new: Object) -> Value {
         if new.value == old.value && new.managers == old.managers {
             return Self::render(old);
         }
@@ -641,7 +696,7 @@ impl State {
         let writer = Writer { root, manager, subresource, scope, now: &now };
         ssa::record_update(Some(&old.value), &body, &mut managers, writer);
         body["metadata"]["resourceVersion"] = old.value["metadata"]["resourceVersion"].clone();
-        Ok(self.replace(&key, &old, Stored { value: body, managers }))
+        Ok(self.replace(&key, &old, Object { value: body, managers }))
     }
 
     pub fn merge_patch(
@@ -701,7 +756,7 @@ impl State {
         applied["metadata"]["name"] = json!(name);
         let scope = Self::scope(rt, subresource);
         let key = Self::key(rt, namespace, name);
-        let old = self.objects.get(&key).cloned();
+        let old = self.objects.get(&key).map(Stored::load);
         if old.is_none() {
             self.check_namespace(rt, namespace)?;
         }
@@ -725,11 +780,11 @@ impl State {
         Self::prepare(rt, namespace, old.as_ref().map(|o| &o.value), &mut value, scope)?;
         validation::validate(rt, old.as_ref().map(|o| &o.value), &value)?;
         match old {
-            None => Ok(self.commit(&key, "ADDED", Stored { value, managers }, None)),
+            None => Ok(self.commit(&key, "ADDED", Object { value, managers }, None)),
             Some(old) => {
                 value["metadata"]["resourceVersion"] =
                     old.value["metadata"]["resourceVersion"].clone();
-                Ok(self.replace(&key, &old, Stored { value, managers }))
+                Ok(self.replace(&key, &old, Object { value, managers }))
             }
         }
     }
@@ -800,26 +855,27 @@ impl State {
         let keys: Vec<ObjectKey> =
             self.objects.keys().filter(|k| k.1 == namespace).cloned().collect();
         for key in keys {
-            if let Some(stored) = self.objects.get(&key).cloned() {
-                let labels = stored.value["metadata"]["labels"].clone();
-                self.commit(&key, "DELETED", stored, Some(labels));
+            if let Some(stored) = self.objects.get(&key) {
+                let labels = stored.labels.clone();
+                let object = stored.load();
+                self.commit(&key, "DELETED", object, Some(labels));
             }
         }
     }
 
     fn has_dependents(&self, uid: &str) -> bool {
-        self.objects.values().any(|o| owner_uids(&o.value).any(|u| u == uid))
+        self.objects.values().any(|o| o.owners.iter().any(|u| u == uid))
     }
 
     fn orphan_dependents(&mut self, uid: &str) {
         let keys: Vec<ObjectKey> = self
             .objects
             .iter()
-            .filter(|(_, o)| owner_uids(&o.value).any(|u| u == uid))
+            .filter(|(_, o)| o.owners.iter().any(|u| u == uid))
             .map(|(k, _)| k.clone())
             .collect();
         for key in keys {
-            let Some(old) = self.objects.get(&key).cloned() else { continue };
+            let Some(old) = self.objects.get(&key).map(Stored::load) else { continue };
             let mut new = old.clone();
             if let Some(refs) = new.value["metadata"]["ownerReferences"].as_array_mut() {
                 refs.retain(|r| r["uid"].as_str() != Some(uid));
@@ -832,22 +888,21 @@ impl State {
     /// foreground, and finishes foreground deletions with no dependents.
     pub fn collect_garbage(&mut self) {
         loop {
-            let live_uids: BTreeSet<String> = self
+            let live_uids: BTreeSet<&str> = self
                 .objects
                 .values()
-                .filter(|o| !is_foreground_deleting(&o.value))
-                .filter_map(|o| o.value["metadata"]["uid"].as_str().map(String::from))
+                .filter(|o| !o.foreground_deleting)
+                .map(|o| o.uid.as_str())
                 .collect();
             let orphan = self.objects.iter().find(|(_, o)| {
-                let mut owners = owner_uids(&o.value).peekable();
-                owners.peek().is_some()
-                    && owners.all(|u| !live_uids.contains(u))
-                    && o.value["metadata"].get("deletionTimestamp").is_none()
+                !o.owners.is_empty()
+                    && o.owners.iter().all(|u| !live_uids.contains(u.as_str()))
+                    && !o.deleting
             });
             if let Some((key, stored)) = orphan.map(|(k, s)| (k.clone(), s.clone())) {
-                let mut new = stored.clone();
+                let mut new = stored.load();
                 new.value["metadata"]["deletionTimestamp"] = json!(now_rfc3339());
-                let labels = stored.value["metadata"]["labels"].clone();
+                let labels = stored.labels.clone();
                 let finalizers =
                     new.value["metadata"]["finalizers"].as_array().is_some_and(|f| !f.is_empty());
                 self.commit(
@@ -858,18 +913,18 @@ impl State {
                 );
                 continue;
             }
-            let finished = self.objects.iter().find(|(_, o)| {
-                is_foreground_deleting(&o.value)
-                    && !self.has_dependents(o.value["metadata"]["uid"].as_str().unwrap_or(""))
-            });
+            let finished = self
+                .objects
+                .iter()
+                .find(|(_, o)| o.foreground_deleting && !self.has_dependents(&o.uid));
             if let Some((key, stored)) = finished.map(|(k, s)| (k.clone(), s.clone())) {
-                let mut new = stored.clone();
+                let mut new = stored.load();
                 if let Some(f) = new.value["metadata"]["finalizers"].as_array_mut() {
                     f.retain(|f| f != "foregroundDeletion");
                 }
                 let empty =
                     new.value["metadata"]["finalizers"].as_array().is_none_or(Vec::is_empty);
-                let labels = stored.value["metadata"]["labels"].clone();
+                let labels = stored.labels.clone();
                 self.commit(&key, if empty { "DELETED" } else { "MODIFIED" }, new, Some(labels));
                 continue;
             }
@@ -880,7 +935,7 @@ impl State {
     /// The Deployment controller's status write for a finished (or
     /// stalled) rollout; for an Ingress, the ingress controller's address.
     pub fn complete_rollout(&mut self, key: &ObjectKey) {
-        let Some(old) = self.objects.get(key).cloned() else { return };
+        let Some(old) = self.objects.get(key).map(Stored::load) else { return };
         if key.0 == INGRESSES {
             let now = now_rfc3339();
             let mut new = old.clone();

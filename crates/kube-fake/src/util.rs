@@ -167,10 +167,11 @@ impl FieldSelector {
         Ok(FieldSelector(out))
     }
 
-    pub fn matches(&self, object: &serde_json::Value) -> bool {
+    /// Whether an object of `namespace` (empty when cluster-scoped) and
+    /// `name` is selected.
+    pub fn matches(&self, namespace: &str, name: &str) -> bool {
         self.0.iter().all(|(field, equal, value)| {
-            let key = field.trim_start_matches("metadata.");
-            let actual = object["metadata"][key].as_str().unwrap_or("");
+            let actual = if field == "metadata.name" { name } else { namespace };
             (actual == value) == *equal
         })
     }
@@ -197,7 +198,10 @@ mod tests {
         assert!(!s.matches(&json!({"app": "gw", "tier": "c"})));
         assert!(LabelSelector::parse("!x,y notin (z)").unwrap().matches(&json!({"y": "w"})));
         let f = FieldSelector::parse("metadata.name=edge").unwrap();
-        assert!(f.matches(&json!({"metadata": {"name": "edge"}})));
+        assert!(f.matches("", "edge"));
+        assert!(!f.matches("edge", "core"));
+        let f = FieldSelector::parse("metadata.namespace!=kube-system").unwrap();
+        assert!(f.matches("default", "x") && !f.matches("kube-system", "x"));
         assert!(FieldSelector::parse("spec.x=1").is_err());
     }
 }
