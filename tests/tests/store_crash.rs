@@ -51,11 +51,11 @@ async fn kill_and_restart_loses_nothing(database_url: &str, label: &str) {
                     broken.lock().unwrap().push(format!("revision {revision} after {last}"));
                 }
                 match update {
-                    WatchUpdate::Reset { gateways, .. } => {
-                        *cache = gateways
-                            .iter()
-                            .map(|g| g.metadata.as_ref().unwrap().name.clone())
-                            .collect();
+                    WatchUpdate::Init { .. } => cache.clear(),
+                    WatchUpdate::InitPage { gateways, .. } => {
+                        cache.extend(
+                            gateways.iter().map(|g| g.metadata.as_ref().unwrap().name.clone()),
+                        );
                     }
                     WatchUpdate::Applied { gateway, .. } => {
                         let name = gateway.metadata.unwrap().name;
@@ -70,7 +70,7 @@ async fn kill_and_restart_loses_nothing(database_url: &str, label: &str) {
                     WatchUpdate::Deleted { gateway, .. } => {
                         cache.remove(&gateway.metadata.unwrap().name);
                     }
-                    WatchUpdate::Bookmark { .. } => {}
+                    WatchUpdate::Bookmark { .. } | WatchUpdate::InitDone { .. } => {}
                 }
                 last = revision;
             }

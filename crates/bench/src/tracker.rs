@@ -58,8 +58,8 @@ impl Tracker {
             while let Some(update) = updates.next().await {
                 let mut state = shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 match update {
-                    Ok(WatchUpdate::Reset { gateways, .. }) => {
-                        state.gateways.clear();
+                    Ok(WatchUpdate::Init { .. }) => state.gateways.clear(),
+                    Ok(WatchUpdate::InitPage { gateways, .. }) => {
                         for g in &gateways {
                             state.seen(g);
                         }
@@ -70,7 +70,7 @@ impl Tracker {
                             state.gateways.remove(&meta.name);
                         }
                     }
-                    Ok(WatchUpdate::Bookmark { .. }) => {}
+                    Ok(WatchUpdate::Bookmark { .. } | WatchUpdate::InitDone { .. }) => {}
                     Err(_) => return,
                 }
             }

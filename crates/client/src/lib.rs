@@ -4,9 +4,9 @@
 //! - [`connect`]: a channel to the store with a bearer token and optional
 //!   TLS, wrapped in the generated client.
 //! - [`watch::list_then_watch`]: the informer loop every subscriber needs:
-//!   list, watch from the listed revision, resume after a disconnect from
-//!   the last revision seen, relist when that revision was compacted, with
-//!   jittered backoff in between.
+//!   list (delivered page by page), watch from the listed revision, resume
+//!   after a disconnect from the last revision seen, relist when that
+//!   revision was compacted, with jittered backoff in between.
 //! - [`write::update_gateway`]: an update whose outcome is unknown (the
 //!   store or the connection failed after the commit may have landed) is
 //!   resolved by reading back, never applied twice.

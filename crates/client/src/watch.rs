@@ -1,6 +1,10 @@
 //! List-then-watch with resume: the loop every subscriber of the store
-//! runs. It yields a [`WatchUpdate::Reset`] with the full selected set
-//! after every (re)list, then changes in revision order. After a
+//! runs. Every (re)list is delivered page by page, as kube-rs's watcher
+//! delivers one: [`WatchUpdate::Init`], the pages
+//! ([`WatchUpdate::InitPage`]), [`WatchUpdate::InitDone`]; then changes in
+//! revision order. A subscriber never holds more than a page of decoded
+//! gateways it did not ask to keep (a whole list of 100,000 decoded at
+//! once was a quarter of a GiB). After a
 //! disconnect it resumes from the last revision it saw; when that revision
 //! was compacted (OUT_OF_RANGE) it relists. Between attempts it backs off
 //! with jitter; it never spins.
@@ -17,8 +21,14 @@ use crate::GatewayClient;
 /// One step of the watched set.
 #[derive(Debug, Clone, PartialEq)]
 pub enum WatchUpdate {
-    /// The complete selected set at `revision`: replace any cached state.
-    Reset { gateways: Vec<Gateway>, revision: i64 },
+    /// A (re)list begins: the pages up to [`WatchUpdate::InitDone`] are
+    /// the complete selected set at `revision`.
+    Init { revision: i64 },
+    /// One page of that list.
+    InitPage { gateways: Vec<Gateway>, revision: i64 },
+    /// The list is complete: a gateway cached before it and not in its
+    /// pages is gone; changes after `revision` follow.
+    InitDone { revision: i64 },
     /// A gateway was added or changed (or entered the selection).
     Applied { gateway: Gateway, revision: i64 },
     /// A gateway was removed (or left the selection); its last state.
@@ -31,7 +41,9 @@ impl WatchUpdate {
     /// The revision this update brings the subscriber to.
     pub fn revision(&self) -> i64 {
         match self {
-            WatchUpdate::Reset { revision, .. }
+            WatchUpdate::Init { revision }
+            | WatchUpdate::InitPage { revision, .. }
+            | WatchUpdate::InitDone { revision }
             | WatchUpdate::Applied { revision, .. }
             | WatchUpdate::Deleted { revision, .. }
             | WatchUpdate::Bookmark { revision } => *revision,
@@ -130,8 +142,7 @@ async fn run(
             let from = match revision {
                 Some(r) => r,
                 None => {
-                    let (gateways, listed) = list(&mut client, &options).await?;
-                    send(tx, WatchUpdate::Reset { gateways, revision: listed }).await?;
+                    let listed = list(&mut client, &options, tx).await?;
                     revision = Some(listed);
                     listed
                 }
@@ -172,11 +183,13 @@ async fn send(
     tx.send(Ok(update)).await.map_err(|_| Stop::Closed)
 }
 
+/// Lists page by page, delivering each as it comes; the list's revision.
 async fn list(
     client: &mut GatewayClient,
     options: &WatchOptions,
-) -> Result<(Vec<Gateway>, i64), Status> {
-    let (mut gateways, mut token, mut revision) = (Vec::new(), String::new(), 0);
+    tx: &mpsc::Sender<Result<WatchUpdate, Status>>,
+) -> Result<i64, Stop> {
+    let (mut token, mut revision) = (String::new(), None);
     loop {
         let page = client
             .list_gateways(ListGatewaysRequest {
@@ -186,15 +199,24 @@ async fn list(
             })
             .await?
             .into_inner();
-        if revision == 0 {
-            revision = page.resource_version;
-        }
+        // The list is the snapshot at the first page's revision.
+        let revision = match revision {
+            Some(r) => r,
+            None => {
+                send(tx, WatchUpdate::Init { revision: page.resource_version }).await?;
+                *revision.insert(page.resource_version)
+            }
+        };
         let wanted = |g: &Gateway| {
             options.name.as_deref().is_none_or(|n| g.metadata.as_ref().is_some_and(|m| m.name == n))
         };
-        gateways.extend(page.gateways.into_iter().filter(wanted));
+        let gateways: Vec<Gateway> = page.gateways.into_iter().filter(wanted).collect();
+        if !gateways.is_empty() {
+            send(tx, WatchUpdate::InitPage { gateways, revision }).await?;
+        }
         if page.next_page_token.is_empty() {
-            return Ok((gateways, revision));
+            send(tx, WatchUpdate::InitDone { revision }).await?;
+            return Ok(revision);
         }
         token = page.next_page_token;
     }

@@ -152,6 +152,8 @@ pub struct Controller {
     wall_start_ms: u64,
     started: Instant,
     synced: AtomicBool,
+    /// The gateways of the store list in progress, page by page.
+    listing: Mutex<Option<std::collections::HashSet<String>>>,
     /// Why the store watch is down, while it is.
     watch_down: Mutex<Option<String>>,
 }
@@ -233,6 +235,7 @@ impl Controller {
             wall_start_ms,
             started: Instant::now(),
             synced: AtomicBool::new(false),
+            listing: Mutex::default(),
             watch_down: Mutex::default(),
         })
     }
@@ -519,19 +522,23 @@ impl Controller {
 
     fn on_update(&self, update: WatchUpdate) {
         match update {
-            WatchUpdate::Reset { gateways, revision } => {
-                let names: std::collections::HashSet<String> =
-                    gateways.iter().map(name_of).collect();
+            WatchUpdate::Init { .. } => *lock(&self.listing) = Some(Default::default()),
+            WatchUpdate::InitPage { gateways, .. } => {
+                // Each page is cached and queued as it comes: only the
+                // names of the whole list are held until it is done.
+                for g in gateways {
+                    let name = name_of(&g);
+                    self.remember(g);
+                    self.queue.add(&name);
+                    lock(&self.listing).get_or_insert_default().insert(name);
+                }
+            }
+            WatchUpdate::InitDone { revision } => {
+                let names = lock(&self.listing).take().unwrap_or_default();
                 let stale: Vec<String> =
                     lock(&self.cache).keys().filter(|n| !names.contains(*n)).cloned().collect();
                 for name in stale {
                     self.forget(&name);
-                }
-                for g in gateways {
-                    self.remember(g);
-                }
-                for name in &names {
-                    self.queue.add(name);
                 }
                 self.synced.store(true, Ordering::Relaxed);
                 tracing::info!(gateways = names.len(), revision, "listed gateways");

@@ -265,11 +265,13 @@ impl GatewayStore for MemoryStore {
             let _ = tx.send(Err(status));
             return tokio_stream::wrappers::UnboundedReceiverStream::new(rx).boxed();
         }
-        let reset = WatchUpdate::Reset {
-            gateways: memory.gateways.values().cloned().collect(),
-            revision: memory.revision,
-        };
-        let _ = tx.send(Ok(reset));
+        let revision = memory.revision;
+        let _ = tx.send(Ok(WatchUpdate::Init { revision }));
+        let gateways: Vec<Gateway> = memory.gateways.values().cloned().collect();
+        if !gateways.is_empty() {
+            let _ = tx.send(Ok(WatchUpdate::InitPage { gateways, revision }));
+        }
+        let _ = tx.send(Ok(WatchUpdate::InitDone { revision }));
         // Subscribed under the same lock as the snapshot: nothing between.
         self.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(tx);
         drop(memory);

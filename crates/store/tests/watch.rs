@@ -343,7 +343,9 @@ async fn compacted_revisions_are_out_of_range_and_the_client_relists(store: &Tes
     };
     let mut updates = list_then_watch(gantry_client::connect(&config).await.unwrap(), options);
     let first = tokio::time::timeout(PATIENCE, updates.next()).await.unwrap().unwrap().unwrap();
-    assert!(matches!(first, WatchUpdate::Reset { ref gateways, .. } if gateways.len() == 1));
+    assert!(matches!(first, WatchUpdate::Init { .. }), "{first:?}");
+    let page = tokio::time::timeout(PATIENCE, updates.next()).await.unwrap().unwrap().unwrap();
+    assert!(matches!(page, WatchUpdate::InitPage { ref gateways, .. } if gateways.len() == 1));
 
     // Large changes overflow the stalled subscriber's buffers, and
     // compaction (every 50 ms, keeping 5 events) removes its revision.
@@ -382,11 +384,11 @@ async fn compacted_revisions_are_out_of_range_and_the_client_relists(store: &Tes
         let update =
             tokio::time::timeout(PATIENCE, updates.next()).await.unwrap().unwrap().unwrap();
         match update {
-            WatchUpdate::Reset { gateways, .. } => {
-                relisted = true;
-                if gateways[0].spec.as_ref().unwrap().image == final_image {
-                    break;
-                }
+            WatchUpdate::Init { .. } => relisted = true,
+            WatchUpdate::InitPage { gateways, .. }
+                if gateways[0].spec.as_ref().unwrap().image == final_image =>
+            {
+                break
             }
             WatchUpdate::Applied { gateway, .. }
                 if gateway.spec.as_ref().unwrap().image == final_image =>
@@ -723,7 +725,52 @@ async fn page_tokens_are_bound_to_their_listing_and_expire_with_history(store: &
     assert!(gantry_client::watch::is_compacted(&expired), "the client helper relists");
 }
 
+/// The client helper delivers its list as it reads it, page by page:
+/// Init, pages of at most `page_size` at the list's revision, every
+/// gateway exactly once, InitDone, then the changes after it.
+async fn the_client_helper_delivers_its_list_page_by_page(store: &TestStore) {
+    let mut c = store.client(ADMIN).await;
+    let names: Vec<String> = (0..10).map(|i| format!("gw-{i}")).collect();
+    for name in &names {
+        create(&mut c, gateway(name, "gw:0")).await;
+    }
+    let listed = listed_revision(&mut c).await;
+    let config = gantry_client::ClientConfig {
+        endpoint: format!("http://{}", store.grpc),
+        token: Some(VIEWER.into()),
+        ..Default::default()
+    };
+    let options = WatchOptions { page_size: 3, ..WatchOptions::default() };
+    let mut updates = list_then_watch(gantry_client::connect(&config).await.unwrap(), options);
+    let mut next =
+        async || tokio::time::timeout(PATIENCE, updates.next()).await.unwrap().unwrap().unwrap();
+    assert_eq!(next().await, WatchUpdate::Init { revision: listed });
+    let (mut delivered, mut pages) = (Vec::new(), 0);
+    let done = loop {
+        match next().await {
+            WatchUpdate::InitPage { gateways, revision } => {
+                assert_eq!(revision, listed);
+                assert!((1..=3).contains(&gateways.len()), "a page of {}", gateways.len());
+                delivered.extend(gateways.iter().map(|g| meta(g).name.clone()));
+                pages += 1;
+            }
+            other => break other,
+        }
+    };
+    assert_eq!(done, WatchUpdate::InitDone { revision: listed });
+    assert_eq!(pages, 4);
+    assert_eq!(delivered, names, "every gateway once, in the list's order");
+    let created = meta(&create(&mut c, gateway("gw-late", "gw:0")).await).resource_version;
+    match next().await {
+        WatchUpdate::Applied { gateway, revision } => {
+            assert_eq!((meta(&gateway).name.as_str(), revision), ("gw-late", created));
+        }
+        other => panic!("expected the creation after the list, got {other:?}"),
+    }
+}
+
 on_both_backends!(
+    the_client_helper_delivers_its_list_page_by_page,
     a_paged_list_is_a_snapshot_and_the_watch_from_it_completes_it,
     every_subscriber_gets_every_change_exactly_once,
     resumed_subscribers_match_an_uninterrupted_one,
