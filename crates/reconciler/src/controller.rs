@@ -290,17 +290,21 @@ impl Controller {
 
     /// Keeps the newer of the cached and the given gateway; a gateway the
     /// store removed is forgotten instead.
-    fn remember(&self, gateway: Gateway) {
+    /// Caches `gateway` unless a newer version is cached; whether it is
+    /// news (a version this process had not seen).
+    fn remember(&self, gateway: Gateway) -> bool {
         let name = name_of(&gateway);
         if is_removed(&gateway) {
             self.forget(&name);
-            return;
+            return true;
         }
         let cached = Cached::of(&gateway);
         let mut cache = lock(&self.cache);
-        if cache.get(&name).is_none_or(|c| c.resource_version <= cached.resource_version) {
+        let known = cache.get(&name).map(|c| c.resource_version);
+        if known.is_none_or(|rv| rv <= cached.resource_version) {
             cache.insert(name, cached);
         }
+        known.is_none_or(|rv| rv < rv_of(&gateway))
     }
 
     fn forget(&self, name: &str) {
@@ -545,9 +549,16 @@ impl Controller {
             }
             WatchUpdate::Applied { gateway, .. } => {
                 let name = name_of(&gateway);
-                self.remember(gateway);
-                lock(&self.queued_at).entry(name.clone()).or_insert_with(std::time::Instant::now);
-                self.queue.add(&name);
+                // The echo of this process's own write (its answer is
+                // cached already) tells the pass that wrote it nothing new:
+                // queueing it would run a pass per write for nothing (a
+                // third of the passes of a fleet's first converge).
+                if self.remember(gateway) {
+                    lock(&self.queued_at)
+                        .entry(name.clone())
+                        .or_insert_with(std::time::Instant::now);
+                    self.queue.add(&name);
+                }
             }
             WatchUpdate::Deleted { gateway, .. } => self.forget(&name_of(&gateway)),
             WatchUpdate::Bookmark { .. } => {}
@@ -855,7 +866,9 @@ impl Controller {
             Ok(Err(status)) if status.code() == Code::Aborted => {
                 tracing::debug!("gateway changed meanwhile; re-reading");
                 match tokio::time::timeout(STORE_TIMEOUT, self.store.get(&name)).await {
-                    Ok(Ok(fresh)) => self.remember(fresh),
+                    Ok(Ok(fresh)) => {
+                        self.remember(fresh);
+                    }
                     Ok(Err(status)) if status.code() == Code::NotFound => self.forget(&name),
                     _ => {}
                 }

@@ -20,6 +20,7 @@ struct ScriptedTarget {
     workload: Mutex<Option<Workload>>,
     drifted: AtomicBool,
     applies: Mutex<Vec<(String, Instant)>>,
+    observes: AtomicU32,
     deletes: AtomicU32,
     /// Its watch of Deployments has not listed yet.
     listing: AtomicBool,
@@ -53,6 +54,7 @@ impl Target for ScriptedTarget {
     }
 
     async fn observe(&self, _: &Owner, _: &Rendered) -> Result<Observation, TargetError> {
+        self.observes.fetch_add(1, Ordering::SeqCst);
         Ok(Observation {
             workload: lock(&self.workload).clone().unwrap_or(Workload::Available),
             route_address: String::new(),
@@ -430,6 +432,33 @@ async fn failed_at_an_equal_generation_recovers_after_the_window_without_a_spec_
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_echoes_of_its_own_writes_run_no_pass_and_others_writes_do() {
+    let (store, target) = (MemoryStore::default(), Arc::new(ScriptedTarget::default()));
+    let running = Running::start(&store, &target);
+    create(&store, Gateway::test("edge"));
+    until(MINUTE, "running", || is_running(&store, "edge")).await;
+    // One pass: finalizer, apply, observe, status. Its two writes come
+    // back on the watch; neither runs another pass.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!((target.applies_of("edge"), target.observes.load(Ordering::SeqCst)), (1, 1));
+    // A write by someone else (a label) is news: one pass, nothing to do.
+    edit(
+        &store,
+        "edge",
+        |g| {
+            g.metadata.as_mut().unwrap().labels.insert("team".into(), "a".into());
+        },
+        &["metadata.labels"],
+    );
+    until(Duration::from_secs(5), "the label change checked", || {
+        target.observes.load(Ordering::SeqCst) == 2
+    })
+    .await;
+    assert_eq!(target.applies_of("edge"), 1);
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn drift_is_repaired_and_an_idle_gateway_costs_nothing() {
     let (store, target) = (MemoryStore::default(), Arc::new(ScriptedTarget::default()));
     let running = Running::start(&store, &target);
@@ -484,6 +513,8 @@ async fn a_deleted_gateway_is_cleaned_up_and_forgotten_by_the_metrics() {
 async fn every_stage_of_a_change_is_timed() {
     let (store, target) = (MemoryStore::default(), Arc::new(ScriptedTarget::default()));
     let running = Running::start(&store, &target);
+    // Created once the controller watches: the change comes as an event.
+    until(MINUTE, "watching", || running.controller.is_synced()).await;
     create(&store, Gateway::test("edge"));
     until(MINUTE, "running", || is_running(&store, "edge")).await;
     let text = running.controller.metrics.encode();
