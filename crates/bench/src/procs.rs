@@ -130,9 +130,10 @@ impl Store {
                 &format!("127.0.0.1:{http}"),
             ])
             .args(["--watch-buffer", &watch_buffer.to_string(), "--log-level", "warn"])
-            // Capacity is measured here, not the per-connection limits (the
-            // shared-connection watch runs open 10,000 streams on one).
+            // Capacity is measured here, not the connection limits (the
+            // watch runs open 10,000 connections, or 10,000 streams on one).
             .args(["--max-streams-per-connection", "20000", "--max-calls-per-connection", "4096"])
+            .args(["--max-connections", "16384"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
