@@ -2,11 +2,21 @@
 //! that a message that does not decode (invalid UTF-8 in a string, a
 //! truncated field, nesting beyond prost's recursion limit) is the peer's
 //! fault, answered INVALID_ARGUMENT with prost's description of the field,
-//! not INTERNAL.
+//! not INTERNAL. Its encoder starts each response's buffer small.
 
-use tonic::codec::{Codec, DecodeBuf, Decoder};
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic::{Code, Status};
-use tonic_prost::{ProstCodec, ProstDecoder};
+use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
+
+/// First capacity of a response's encode buffer. tonic's default (8 KiB)
+/// is held by every open stream for as long as it is open: 8 of the 10 KiB
+/// of store memory per watcher on a shared connection, for watch events of
+/// about a kilobyte. The buffer grows with larger messages (a list page).
+pub const ENCODE_BUFFER_BYTES: usize = 1024;
+
+/// tonic's default: encoded messages are handed to HTTP/2 in chunks of at
+/// least this many bytes when several are ready.
+const YIELD_THRESHOLD_BYTES: usize = 32 * 1024;
 
 /// [`ProstCodec`] with decode failures reported as INVALID_ARGUMENT.
 #[derive(Debug, Clone)]
@@ -25,11 +35,11 @@ where
 {
     type Encode = T;
     type Decode = U;
-    type Encoder = <ProstCodec<T, U> as Codec>::Encoder;
+    type Encoder = ProstEncoder<T>;
     type Decoder = StrictDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        self.0.encoder()
+        ProstEncoder::new(BufferSettings::new(ENCODE_BUFFER_BYTES, YIELD_THRESHOLD_BYTES))
     }
 
     fn decoder(&mut self) -> Self::Decoder {
