@@ -842,6 +842,8 @@ async fn scale(args: &Args, gateways: usize, sync_period: Duration) -> anyhow::R
         "reconciler_cold_start_kube_requests": cold_requests, "reconciler_cold_start_kube_writes": cold_writes,
         "resync_kube_requests": resync_requests, "resync_kube_writes": resync_writes,
         "reconciler_rss_kib": after_start.rss_kib.max(after_resync.rss_kib),
+        // The restarted reconciler's peak: its cold start and the resync.
+        "reconciler_peak_rss_kib": after_resync.peak_rss_kib,
         "store_rss_with_reconciler_kib": pair.store.usage().rss_kib,
         // kube-fake runs in this process: what it holds for the fleet.
         "kube_fake_process_rss_kib": Usage::of(std::process::id()).rss_kib,

@@ -32,19 +32,22 @@ fn sibling(name: &str) -> PathBuf {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Usage {
     pub rss_kib: u64,
+    /// The largest RSS the process has had (`VmHWM`).
+    pub peak_rss_kib: u64,
     pub cpu_s: f64,
 }
 
 impl Usage {
     pub fn of(pid: u32) -> Usage {
-        let rss_kib = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("VmRSS:"))
-                    .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-            })
-            .unwrap_or(0);
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let kib = |field: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+                .unwrap_or(0)
+        };
+        let (rss_kib, peak_rss_kib) = (kib("VmRSS:"), kib("VmHWM:"));
         let cpu_s = std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .ok()
             .and_then(|s| {
@@ -54,7 +57,7 @@ impl Usage {
                 Some(ticks as f64 / 100.0)
             })
             .unwrap_or(0.0);
-        Usage { rss_kib, cpu_s }
+        Usage { rss_kib, peak_rss_kib, cpu_s }
     }
 
     /// JSON for a process between `before` and `self`: RSS now, CPU used.
