@@ -111,10 +111,15 @@ impl Stored {
         }
     }
 
+    /// The object as clients see it.
+    pub fn value(&self) -> Value {
+        serde_json::from_str(&self.json)
+            .unwrap_or_else(|e| unreachable!("a stored object is JSON serde_json wrote: {e}"))
+    }
+
     /// The object to write a new version of.
     pub fn load(&self) -> Object {
-        let mut value: Value = serde_json::from_str(&self.json)
-            .unwrap_or_else(|e| unreachable!("a stored object is JSON serde_json wrote: {e}"));
+        let mut value = self.value();
         let managed = value["metadata"]
             .as_object_mut()
             .and_then(|m| m.remove("managedFields"))
@@ -361,10 +366,7 @@ impl State {
 
     pub fn get(&self, rt: &ResourceType, namespace: &str, name: &str) -> Written {
         let key = Self::key(rt, namespace, name);
-        self.objects
-            .get(&key)
-            .map(|o| serde_json::from_str(&o.json).unwrap_or(Value::Null))
-            .ok_or_else(|| ApiError::not_found(rt, name))
+        self.objects.get(&key).map(Stored::value).ok_or_else(|| ApiError::not_found(rt, name))
     }
 
     /// Objects of a type (one namespace or all), filtered, in key order.

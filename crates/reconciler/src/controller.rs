@@ -530,12 +530,14 @@ impl Controller {
             WatchUpdate::InitPage { gateways, .. } => {
                 // Each page is cached and queued as it comes: only the
                 // names of the whole list are held until it is done.
+                let mut names = Vec::with_capacity(gateways.len());
                 for g in gateways {
                     let name = name_of(&g);
                     self.remember(g);
                     self.queue.add(&name);
-                    lock(&self.listing).get_or_insert_default().insert(name);
+                    names.push(name);
                 }
+                lock(&self.listing).get_or_insert_default().extend(names);
             }
             WatchUpdate::InitDone { revision } => {
                 let names = lock(&self.listing).take().unwrap_or_default();
