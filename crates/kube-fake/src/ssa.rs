@@ -615,6 +615,12 @@ mod tests {
         let entry = json!({"manager": manager.name, "operation": manager.operation,
             "subresource": "status", "time": manager.time, "fieldsV1": to_fields_v1(&manager.fields)});
         assert_eq!(Manager::from_entry(&entry), manager);
+        // An applier of the main resource (no subresource field).
+        let applier =
+            Manager { name: "gantry".into(), operation: "Apply", subresource: None, ..manager };
+        let entry = json!({"manager": "gantry", "operation": "Apply", "time": applier.time,
+            "fieldsV1": to_fields_v1(&applier.fields)});
+        assert_eq!(Manager::from_entry(&entry), applier);
     }
 
     #[test]

@@ -727,7 +727,9 @@ async fn page_tokens_are_bound_to_their_listing_and_expire_with_history(store: &
 
 /// The client helper delivers its list as it reads it, page by page:
 /// Init, pages of at most `page_size` at the list's revision, every
-/// gateway exactly once, InitDone, then the changes after it.
+/// gateway exactly once, InitDone, then the changes after it. Writers
+/// racing the list change nothing of that: a subscriber applying the
+/// updates ends with the store's set.
 async fn the_client_helper_delivers_its_list_page_by_page(store: &TestStore) {
     let mut c = store.client(ADMIN).await;
     let names: Vec<String> = (0..10).map(|i| format!("gw-{i}")).collect();
@@ -767,6 +769,48 @@ async fn the_client_helper_delivers_its_list_page_by_page(store: &TestStore) {
         }
         other => panic!("expected the creation after the list, got {other:?}"),
     }
+
+    // A second subscriber reads its first page, then writers delete a
+    // gateway further down the list and create one, before it reads on.
+    let options = WatchOptions { page_size: 3, buffer: 1, ..WatchOptions::default() };
+    let mut updates = list_then_watch(gantry_client::connect(&config).await.unwrap(), options);
+    let mut next =
+        async || tokio::time::timeout(PATIENCE, updates.next()).await.unwrap().unwrap().unwrap();
+    let mut cache = std::collections::BTreeSet::new();
+    assert!(matches!(next().await, WatchUpdate::Init { .. }));
+    let WatchUpdate::InitPage { gateways, .. } = next().await else { panic!("a page") };
+    cache.extend(gateways.iter().map(|g| meta(g).name.clone()));
+    c.delete_gateway(DeleteGatewayRequest { name: "gw-9".into(), resource_version: 0 })
+        .await
+        .unwrap();
+    let raced = meta(&create(&mut c, gateway("gw-raced", "gw:0")).await).resource_version;
+    let mut listed_at = None;
+    loop {
+        let update = next().await;
+        let revision = update.revision();
+        match update {
+            WatchUpdate::InitPage { gateways, .. } => {
+                cache.extend(gateways.iter().map(|g| meta(g).name.clone()));
+            }
+            WatchUpdate::InitDone { revision } => listed_at = Some(revision),
+            WatchUpdate::Applied { gateway, .. } => {
+                assert!(listed_at.is_some_and(|l| revision > l), "a change before InitDone");
+                cache.insert(meta(&gateway).name.clone());
+            }
+            WatchUpdate::Deleted { gateway, .. } => {
+                cache.remove(&meta(&gateway).name);
+            }
+            WatchUpdate::Init { .. } => panic!("relisted"),
+            WatchUpdate::Bookmark { .. } => {}
+        }
+        if revision >= raced && listed_at.is_some() {
+            break;
+        }
+    }
+    let mut expected: std::collections::BTreeSet<String> = names.into_iter().collect();
+    expected.remove("gw-9");
+    expected.extend(["gw-late".to_string(), "gw-raced".to_string()]);
+    assert_eq!(cache, expected);
 }
 
 on_both_backends!(
