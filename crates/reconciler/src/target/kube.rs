@@ -91,6 +91,11 @@ struct Cache {
     /// watch brings that version: a cached copy older than that is not
     /// judged (the watch lags our write).
     applied: HashMap<Key, u64>,
+    /// `(kind, name)` → while our apply of it is in flight, the newest
+    /// deletion of it the watch reported meanwhile. An answer older than
+    /// that deletion is of an object that no longer exists: cached, it hid
+    /// the deletion (nothing re-created the object) until the next relist.
+    applying: HashMap<Key, Option<u64>>,
     /// Gateway uid → the keys of its objects in `objects`: what a gateway
     /// owns without scanning every cached object (a scan per pass made a
     /// fleet of 10,000 quadratic).
@@ -433,6 +438,17 @@ impl Cache {
         if !keep {
             self.put(k, live);
         }
+    }
+
+    /// Caches the answer to our apply of `k`, unless the watch reported
+    /// `k` deleted after the version answered.
+    fn answered(&mut self, k: Key, live: Live) {
+        let deleted = self.applying.remove(&k).flatten();
+        if deleted.is_some_and(|rv| rv > live.resource_version) {
+            return;
+        }
+        self.applied.insert(k.clone(), live.resource_version);
+        self.put_newest(k, live);
     }
 
     /// Removes `k`, keeping the owner index.
@@ -826,6 +842,9 @@ fn track(
             let k = key(kind, o.metadata.name.as_deref().unwrap_or(""));
             // Not a later incarnation our apply already answered.
             let rv = resource_version(o.metadata.resource_version.as_deref());
+            if let Some(deleted) = cache.applying.get_mut(&k) {
+                *deleted = Some(deleted.map_or(rv, |d| d.max(rv)));
+            }
             if cache.objects.get(&k).is_none_or(|cached| cached.resource_version <= rv) {
                 cache.take(&k);
                 cache.applied.remove(&k);
@@ -863,15 +882,20 @@ impl Target for KubeTarget {
             let api = self.api(manifest["apiVersion"].as_str().unwrap_or(""), kind);
             self.check_owner(&api, kind, name, owner).await?;
             let what = format!("apply {kind} {name}");
-            let applied = self.fenced(&what, apply_or_recreate(&api, kind, name, manifest)).await?;
-            // The answer is the object as applied: judged now, cached unless
-            // the watch already brought a newer version.
             let k = key(kind, name);
+            self.cache().applying.insert(k.clone(), None);
+            let applied =
+                match self.fenced(&what, apply_or_recreate(&api, kind, name, manifest)).await {
+                    Ok(applied) => applied,
+                    Err(e) => {
+                        self.cache().applying.remove(&k);
+                        return Err(e);
+                    }
+                };
+            // The answer is the object as applied: judged now, cached unless
+            // the watch already brought a newer version or its deletion.
             let live = Live::answered(k.0, applied, manifest, &fingerprint);
-            let mut cache = self.cache();
-            cache.applied.insert(k.clone(), live.resource_version);
-            cache.put_newest(k, live);
-            drop(cache);
+            self.cache().answered(k, live);
             rendered_kinds.push(kind.to_string());
         }
         // Prune: this gateway's objects of kinds no longer rendered. The
@@ -1299,6 +1323,43 @@ mod tests {
             Ok(watcher::Event::Delete(object("ConfigMap", "edge", 9, json!({})))),
         );
         assert!(cache.lock().unwrap().objects.is_empty() && cache.lock().unwrap().owned.is_empty());
+    }
+
+    #[test]
+    fn a_deletion_reported_while_our_apply_is_in_flight_is_not_hidden_by_its_answer() {
+        let cache = Mutex::new(Cache::default());
+        let k = key("Service", "edge");
+        let answer = |rv| {
+            let mut live = Live::of("Service", object("Service", "edge", rv, json!({})));
+            live.judgement = Judgement::Judged { fingerprint: "f1".into(), drift: None };
+            live
+        };
+        let deleted = |rv| {
+            track(
+                &cache,
+                "Service",
+                Ok(watcher::Event::Delete(object("Service", "edge", rv, json!({})))),
+            )
+        };
+        // Our apply updated the object (version 5), someone deleted it
+        // (version 6), and the watch told us before the answer came back.
+        cache.lock().unwrap().applying.insert(k.clone(), None);
+        assert_eq!(deleted(6), ["edge"]);
+        cache.lock().unwrap().answered(k.clone(), answer(5));
+        let state = cache.lock().unwrap();
+        assert!(!state.objects.contains_key(&k), "the answer hid the deletion");
+        assert!(!state.applied.contains_key(&k) && state.applying.is_empty());
+        drop(state);
+
+        // An apply that re-creates it after the deletion is cached.
+        cache.lock().unwrap().applying.insert(k.clone(), None);
+        deleted(6);
+        cache.lock().unwrap().answered(k.clone(), answer(7));
+        assert_eq!(cache.lock().unwrap().objects[&k].resource_version, 7);
+        assert_eq!(cache.lock().unwrap().applied[&k], 7);
+        // A deletion reported after the answer is taken as before.
+        deleted(8);
+        assert!(cache.lock().unwrap().objects.is_empty());
     }
 
     fn deployment(generation: i64, status: Value) -> Deployment {
