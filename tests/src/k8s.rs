@@ -115,29 +115,16 @@ struct Certs {
 }
 
 fn certificates() -> Certs {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, SanType};
-    let ca_key = KeyPair::generate().expect("CA key");
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.distinguished_name.push(DnType::CommonName, "gantry-test-ca");
-    let ca = ca_params.self_signed(&ca_key).expect("CA certificate");
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let server_key = KeyPair::generate().expect("server key");
-    let mut params = CertificateParams::new(vec![
-        "localhost".to_string(),
-        "kubernetes".to_string(),
-        "kubernetes.default.svc".to_string(),
-    ])
-    .expect("server params");
-    params.subject_alt_names.push(SanType::IpAddress([127, 0, 0, 1].into()));
-    params.subject_alt_names.push(SanType::IpAddress([10, 0, 0, 1].into()));
-    params.distinguished_name.push(DnType::CommonName, "kube-apiserver");
-    let server = params.signed_by(&server_key, &issuer).expect("server certificate");
-    let service_account_key = KeyPair::generate().expect("service-account signing key");
+    let (ca_pem, server_cert_pem, server_key_pem) = crate::server_certificate(
+        "kube-apiserver",
+        &["localhost", "kubernetes", "kubernetes.default.svc"],
+        &[[127, 0, 0, 1], [10, 0, 0, 1]],
+    );
+    let service_account_key = rcgen::KeyPair::generate().expect("service-account signing key");
     Certs {
-        ca_pem: ca.pem(),
-        server_cert_pem: server.pem(),
-        server_key_pem: server_key.serialize_pem(),
+        ca_pem,
+        server_cert_pem,
+        server_key_pem,
         service_account_key_pem: service_account_key.serialize_pem(),
         service_account_public_pem: service_account_key.public_key_pem(),
     }

@@ -148,7 +148,9 @@ fn a_gateway_from_apply_to_delete_through_gatewayctl() {
         "{wide}"
     );
     assert_eq!(ok(ctl(&local.config, &["get", "-o", "name"])), "gateway/edge\n");
-    assert_eq!(ok(ctl(&local.config, &["get", "-l", "team=none"])), "No gateways found.\n");
+    let none = ctl(&local.config, &["get", "-l", "team=none"]);
+    assert_eq!(String::from_utf8_lossy(&none.stderr), "No gateways found.\n");
+    assert_eq!(ok(none), "", "a message, not data: nothing on stdout");
     let described = ok(ctl(&local.config, &["describe", "edge"]));
     assert!(
         described.contains("Conditions:") && described.contains("ManifestsApplied"),

@@ -157,6 +157,15 @@ impl ClientConfig {
     pub fn endpoint(&self) -> Result<Endpoint, ClientError> {
         let invalid =
             |reason: String| ClientError::Endpoint { endpoint: self.endpoint.clone(), reason };
+        if !self.endpoint.starts_with("http://") && !self.endpoint.starts_with("https://") {
+            // Without a scheme the URI parser takes `HOST:PORT` for a scheme
+            // and every call fails later as an unreachable store.
+            let bare = self.endpoint.split_once("://").map_or(self.endpoint.as_str(), |(_, r)| r);
+            return Err(invalid(format!(
+                "no http:// or https:// scheme: write http://{bare} for a plain-text store \
+                 or https://{bare} for one serving TLS"
+            )));
+        }
         let mut endpoint = Endpoint::from_shared(self.endpoint.clone())
             .map_err(|e| invalid(e.to_string()))?
             .connect_timeout(Duration::from_secs(5))
@@ -207,4 +216,30 @@ pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 fn wrap(channel: Channel, token: BearerToken) -> GatewayClient {
     GatewayServiceClient::with_interceptor(channel, token)
         .max_decoding_message_size(MAX_RESPONSE_BYTES)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_endpoint_needs_its_scheme() {
+        for bare in ["127.0.0.1:50051", "gateway-store:50051", "tcp://127.0.0.1:50051"] {
+            let config = ClientConfig { endpoint: bare.into(), ..Default::default() };
+            let refused = config.endpoint().unwrap_err().to_string();
+            assert!(
+                refused.contains("no http:// or https:// scheme") && refused.contains("http://"),
+                "{bare}: {refused}"
+            );
+        }
+        let refused = ClientConfig { endpoint: "127.0.0.1:50051".into(), ..Default::default() }
+            .endpoint()
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("write http://127.0.0.1:50051"), "{refused}");
+        for good in ["http://127.0.0.1:50051", "https://gateway-store:50051"] {
+            let config = ClientConfig { endpoint: good.into(), ..Default::default() };
+            assert!(config.endpoint().is_ok(), "{good}");
+        }
+    }
 }

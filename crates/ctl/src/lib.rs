@@ -42,23 +42,67 @@ pub enum CtlError {
     Manifest(#[from] manifest::ManifestError),
     #[error("cannot write output: {0}")]
     Output(#[from] std::io::Error),
+    /// Some items of a command over several failed; each was reported.
+    #[error("{failed} of {total} failed (each is reported above)")]
+    Failed { failed: usize, total: usize },
 }
 
 fn msg(text: impl Into<String>) -> CtlError {
     CtlError::Message(text.into())
 }
 
+/// The message of `status` and of every error under it: tonic keeps the
+/// cause of a transport failure (refused, TLS) in the source chain.
+fn chain(status: &Status) -> String {
+    let mut text = status.message().to_string();
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        let cause = e.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+        source = e.source();
+    }
+    text
+}
+
+/// What went wrong on the way to the store, when the call never reached
+/// it: `None` when the store answered.
+fn connection_problem(status: &Status, server: &str) -> Option<String> {
+    // A status the store sent has no source; one made by the transport
+    // on this side has its cause there.
+    std::error::Error::source(status)?;
+    let detail = chain(status);
+    let lower = detail.to_ascii_lowercase();
+    let has = |needles: &[&str]| needles.iter().any(|n| lower.contains(n));
+    let tls = server.starts_with("https://");
+    Some(if tls && has(&["invalidcontenttype", "corrupt message", "wrong version number"]) {
+        format!("the store at {server} does not speak TLS ({detail}). If it serves plain text, use http:// in --server or the context.")
+    } else if tls && has(&["certificate", "unknownissuer", "handshake"]) {
+        format!("the TLS certificate of the store at {server} was not accepted ({detail}). Pass the CA that signed it with --ca (GANTRY_CA) or in the context, and use a host name the certificate names.")
+    } else if !tls && has(&["h2 protocol error", "http2 error", "connection reset", "frame"]) {
+        format!("the store at {server} broke off the HTTP/2 handshake ({detail}). If it serves TLS, use https:// in --server (with --ca for a private CA).")
+    } else if has(&["connection refused"]) {
+        format!("nothing is listening at {server} (connection refused). Is gateway-store running there? Check --server or the context in your config.")
+    } else if has(&["dns", "failed to lookup", "name or service not known"]) {
+        format!("cannot resolve the host of {server} ({detail}). Check --server or the context in your config.")
+    } else if has(&["timed out", "timeout"]) {
+        format!("the store at {server} did not answer the connection in time ({detail}). Check --server, and that a firewall lets you reach it.")
+    } else if has(&["transport", "connect"]) {
+        format!("cannot reach the store at {server} ({detail}). Is it running? Check --server or the context in your config.")
+    } else {
+        return None;
+    })
+}
+
 /// Explains a gRPC error: what happened and what to do next.
 pub fn explain(status: &Status, server: &str) -> String {
+    if let Some(problem) = connection_problem(status, server) {
+        return problem;
+    }
     let detail = status.message();
     match status.code() {
-        Code::Unavailable | Code::Unknown
-            if detail.contains("transport")
-                || detail.contains("connect")
-                || detail.contains("dns") =>
-        {
-            format!("cannot reach the store at {server}: {detail}. Is it running? Check --server or the context in your config.")
-        }
         Code::Unavailable => {
             format!("the store at {server} is unavailable: {detail}. Retry in a moment.")
         }
@@ -91,6 +135,55 @@ pub fn explain(status: &Status, server: &str) -> String {
     }
 }
 
+/// The resource types a name may be prefixed with, as kubectl takes
+/// `TYPE/NAME`: `get -o name` prints `gateway/NAME`.
+pub const RESOURCE_TYPES: [&str; 3] = ["gateway", "gateways", "gw"];
+
+/// A gateway's name as every command takes it: `NAME` or `gateway/NAME`.
+pub fn gateway_name(arg: &str) -> Result<String, String> {
+    match arg.split_once('/') {
+        None if !arg.is_empty() => Ok(arg.to_string()),
+        None => Err("a gateway name is required".into()),
+        Some((kind, name)) if RESOURCE_TYPES.contains(&kind) && !name.is_empty() => {
+            Ok(name.to_string())
+        }
+        Some((kind, _)) if RESOURCE_TYPES.contains(&kind) => {
+            Err(format!("{arg:?} names no gateway: write gateway/NAME"))
+        }
+        Some((kind, _)) => Err(format!(
+            "unknown resource type {kind:?} in {arg:?}: gatewayctl manages gateways (NAME or gateway/NAME)"
+        )),
+    }
+}
+
+/// Runs `each` on every item, printing each outcome (successes to `out`,
+/// failures to `err`, each naming its item), and fails at the end if any
+/// item failed: one bad document or name does not stop the others.
+pub async fn for_each<T>(
+    items: impl IntoIterator<Item = T>,
+    label: impl Fn(&T) -> String,
+    each: impl AsyncFn(&T) -> Result<String, CtlError>,
+    out: &mut impl Write,
+    err: &mut impl Write,
+) -> Result<(), CtlError> {
+    let (mut failed, mut total) = (0, 0);
+    for item in items {
+        total += 1;
+        match each(&item).await {
+            Ok(line) => writeln!(out, "{line}")?,
+            Err(e) => {
+                failed += 1;
+                writeln!(err, "error: {}: {e}", label(&item))?;
+            }
+        }
+        out.flush()?;
+    }
+    match failed {
+        0 => Ok(()),
+        _ => Err(CtlError::Failed { failed, total }),
+    }
+}
+
 /// Context for commands: the client and where it points.
 #[derive(Debug, Clone)]
 pub struct Ctl {
@@ -115,8 +208,9 @@ impl Ctl {
         self.get_opt(name).await?.ok_or_else(|| msg(format!("gateway \"{name}\" not found")))
     }
 
-    async fn list(&self, selector: &str) -> Result<Vec<Gateway>, CtlError> {
-        let (mut out, mut token) = (Vec::new(), String::new());
+    /// Every gateway `selector` selects, and the revision of the listing.
+    async fn list(&self, selector: &str) -> Result<(Vec<Gateway>, i64), CtlError> {
+        let (mut out, mut token, mut revision) = (Vec::new(), String::new(), 0);
         loop {
             let page = self
                 .client
@@ -130,8 +224,11 @@ impl Ctl {
                 .map_err(|s| self.fail(s))?
                 .into_inner();
             out.extend(page.gateways);
+            if revision == 0 {
+                revision = page.resource_version;
+            }
             if page.next_page_token.is_empty() {
-                return Ok(out);
+                return Ok((out, revision));
             }
             token = page.next_page_token;
         }
@@ -147,50 +244,58 @@ impl Ctl {
             .map_err(|s| self.fail(s))
     }
 
-    /// `apply`: creates or updates each document; prints
+    /// `create`: creates one gateway; an existing name is refused
+    /// (ALREADY_EXISTS), as `kubectl create` does.
+    pub async fn create(&self, doc: &GatewayDoc) -> Result<String, CtlError> {
+        self.client
+            .clone()
+            .create_gateway(CreateGatewayRequest { gateway: Some(doc.to_proto()) })
+            .await
+            .map_err(|s| self.fail(s))?;
+        Ok(format!("gateway/{} created", doc.metadata.name))
+    }
+
+    /// `apply` of one document: creates or updates it; answers
     /// `gateway/NAME created|configured|unchanged`.
-    pub async fn apply(&self, docs: &[GatewayDoc], out: &mut impl Write) -> Result<(), CtlError> {
-        for doc in docs {
-            let name = &doc.metadata.name;
-            let wanted = doc.to_proto();
-            let verdict = match self.get_opt(name).await? {
-                None => {
-                    self.client
-                        .clone()
-                        .create_gateway(CreateGatewayRequest { gateway: Some(wanted) })
-                        .await
-                        .map_err(|s| self.fail(s))?;
-                    "created"
+    pub async fn apply(&self, doc: &GatewayDoc) -> Result<String, CtlError> {
+        let name = &doc.metadata.name;
+        let wanted = doc.to_proto();
+        let verdict = match self.get_opt(name).await? {
+            None => {
+                self.client
+                    .clone()
+                    .create_gateway(CreateGatewayRequest { gateway: Some(wanted) })
+                    .await
+                    .map_err(|s| self.fail(s))?;
+                "created"
+            }
+            Some(current) => {
+                let meta = current.metadata.clone().unwrap_or_default();
+                let spec_changed = gantry_core::canonical::spec_changed(
+                    &current.spec.clone().unwrap_or_default(),
+                    &wanted.spec.clone().unwrap_or_default(),
+                );
+                let wanted_meta = wanted.metadata.clone().unwrap_or_default();
+                // Annotations other tools set (such as the retry request)
+                // are kept: apply owns the ones in the file.
+                let mut annotations = meta.annotations.clone();
+                annotations.extend(wanted_meta.annotations.clone());
+                let labels_changed = meta.labels != wanted_meta.labels;
+                let annotations_changed = annotations != meta.annotations;
+                if !spec_changed && !labels_changed && !annotations_changed {
+                    "unchanged"
+                } else {
+                    let mut update = wanted.clone();
+                    let m = update.metadata.get_or_insert_with(Default::default);
+                    m.resource_version = meta.resource_version;
+                    m.annotations = annotations;
+                    self.update(update, &["spec", "metadata.labels", "metadata.annotations"])
+                        .await?;
+                    "configured"
                 }
-                Some(current) => {
-                    let meta = current.metadata.clone().unwrap_or_default();
-                    let spec_changed = gantry_core::canonical::spec_changed(
-                        &current.spec.clone().unwrap_or_default(),
-                        &wanted.spec.clone().unwrap_or_default(),
-                    );
-                    let wanted_meta = wanted.metadata.clone().unwrap_or_default();
-                    // Annotations other tools set (such as the retry request)
-                    // are kept: apply owns the ones in the file.
-                    let mut annotations = meta.annotations.clone();
-                    annotations.extend(wanted_meta.annotations.clone());
-                    let labels_changed = meta.labels != wanted_meta.labels;
-                    let annotations_changed = annotations != meta.annotations;
-                    if !spec_changed && !labels_changed && !annotations_changed {
-                        "unchanged"
-                    } else {
-                        let mut update = wanted.clone();
-                        let m = update.metadata.get_or_insert_with(Default::default);
-                        m.resource_version = meta.resource_version;
-                        m.annotations = annotations;
-                        self.update(update, &["spec", "metadata.labels", "metadata.annotations"])
-                            .await?;
-                        "configured"
-                    }
-                }
-            };
-            writeln!(out, "gateway/{name} {verdict}")?;
-        }
-        Ok(())
+            }
+        };
+        Ok(format!("gateway/{name} {verdict}"))
     }
 
     /// `get`: one gateway or a (selected) list in a format.
@@ -200,16 +305,59 @@ impl Ctl {
         selector: &str,
         format: Format,
         out: &mut impl Write,
-    ) -> Result<(), CtlError> {
-        let gateways = match name {
-            Some(n) => vec![self.get(n).await?],
+        err: &mut impl Write,
+    ) -> Result<i64, CtlError> {
+        let (gateways, revision) = match name {
+            Some(n) => {
+                let gateway = self.get(n).await?;
+                let revision = gateway.metadata.as_ref().map_or(0, |m| m.resource_version);
+                (vec![gateway], revision)
+            }
             None => self.list(selector).await?,
         };
         if gateways.is_empty() && name.is_none() && matches!(format, Format::Table | Format::Wide) {
-            writeln!(out, "No gateways found.")?;
-            return Ok(());
+            // A message, not data: kubectl prints it to stderr too.
+            writeln!(err, "No gateways found.")?;
+            return Ok(revision);
         }
-        output::print(&gateways, format, name.is_some(), out)
+        output::print(&gateways, format, name.is_some(), true, out)?;
+        Ok(revision)
+    }
+
+    /// `get --watch`: after the listing (from its revision), each change
+    /// as one more row of the same table (or one more object), as
+    /// `kubectl get --watch` prints; until interrupted.
+    pub async fn get_watch(
+        &self,
+        name: Option<&str>,
+        selector: &str,
+        format: Format,
+        after: i64,
+        out: &mut impl Write,
+    ) -> Result<(), CtlError> {
+        let request = WatchGatewaysRequest {
+            resource_version: after,
+            label_selector: selector.into(),
+            name: name.unwrap_or_default().into(),
+            ..Default::default()
+        };
+        let mut stream = self
+            .client
+            .clone()
+            .watch_gateways(request)
+            .await
+            .map_err(|s| self.fail(s))?
+            .into_inner();
+        while let Some(event) = stream.next().await {
+            let event = event.map_err(|s| self.fail(s))?;
+            if event.r#type() == EventType::Bookmark {
+                continue;
+            }
+            let gateway = event.gateway.unwrap_or_default();
+            output::print(&[gateway], format, true, false, out)?;
+            out.flush()?;
+        }
+        Ok(())
     }
 
     /// `describe`: everything about one gateway, for people, with its
@@ -266,26 +414,14 @@ impl Ctl {
         Some(lines)
     }
 
-    /// `delete`: requests deletion; with `wait`, returns once each gateway
-    /// is gone.
-    pub async fn delete(
-        &self,
-        names: &[String],
-        wait: Option<Duration>,
-        out: &mut impl Write,
-    ) -> Result<(), CtlError> {
-        for name in names {
-            self.client
-                .clone()
-                .delete_gateway(DeleteGatewayRequest { name: name.clone(), resource_version: 0 })
-                .await
-                .map_err(|s| self.fail(s))?;
-            writeln!(out, "gateway/{name} deleted")?;
-        }
-        if let Some(timeout) = wait {
-            self.wait(names, &Condition::Deleted, timeout, out).await?;
-        }
-        Ok(())
+    /// `delete` of one gateway: requests its deletion.
+    pub async fn delete(&self, name: &str) -> Result<String, CtlError> {
+        self.client
+            .clone()
+            .delete_gateway(DeleteGatewayRequest { name: name.into(), resource_version: 0 })
+            .await
+            .map_err(|s| self.fail(s))?;
+        Ok(format!("gateway/{name} deleted"))
     }
 
     /// `retry`: asks the reconciler to try again now, resetting its retry
@@ -412,6 +548,23 @@ impl Ctl {
             out.flush()?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_is_taken_bare_or_as_kubectl_prints_it() {
+        for arg in ["edge", "gateway/edge", "gateways/edge", "gw/edge"] {
+            assert_eq!(gateway_name(arg).as_deref(), Ok("edge"), "{arg}");
+        }
+        for arg in ["", "gateway/", "pod/edge", "gantry.dev/edge"] {
+            let refused = gateway_name(arg).unwrap_err();
+            assert!(refused.to_lowercase().contains("name"), "{arg}: {refused}");
+        }
+        assert!(gateway_name("pod/edge").unwrap_err().contains("gateway/NAME"));
     }
 }
 

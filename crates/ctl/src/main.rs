@@ -1,7 +1,7 @@
 //! `gatewayctl`: parses flags, resolves the context, runs one command, and
 //! turns any failure into a plain message and a non-zero exit code.
 
-use std::io::Read as _;
+use std::io::{Read as _, Write as _};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -11,7 +11,7 @@ use gantry_core::duration::parse_duration;
 use gantry_ctl::config::{default_path, ConfigFile};
 use gantry_ctl::manifest::{self, GatewayDoc, Metadata, Route, Spec};
 use gantry_ctl::output::Format;
-use gantry_ctl::{Condition, Ctl, CtlError};
+use gantry_ctl::{for_each, gateway_name, Condition, Ctl, CtlError};
 
 /// The command line for gantry Gateways.
 #[derive(Parser, Debug)]
@@ -48,23 +48,31 @@ enum Command {
         after_help = "Examples:\n  gatewayctl apply -f examples/full.yaml\n  cat gw.yaml | gatewayctl apply -f -"
     )]
     Apply {
+        /// A file of one or more gateway documents ("-" for stdin; repeatable).
         #[arg(short = 'f', long = "filename", required = true)]
         files: Vec<String>,
     },
-    /// Create a gateway from flags.
+    /// Create a gateway from flags; an existing name is refused.
     #[command(
         after_help = "Example:\n  gatewayctl create edge --image ghcr.io/acme/gateway:1.0 --replicas 2 --route-host edge.example.com"
     )]
     Create {
+        /// Name of the new gateway (NAME or gateway/NAME).
+        #[arg(value_parser = gateway_name)]
         name: String,
+        /// Container image of the gateway.
         #[arg(long)]
         image: String,
+        /// Number of pods (the store's default when absent).
         #[arg(long)]
         replicas: Option<i32>,
+        /// Image of the supervisor sidecar (the reconciler's default when absent).
         #[arg(long)]
         supervisor_image: Option<String>,
+        /// Host name of the gateway's route (no route when absent).
         #[arg(long)]
         route_host: Option<String>,
+        /// Secret holding the route's TLS certificate.
         #[arg(long)]
         tls_secret: Option<String>,
         /// A label, key=value (repeatable).
@@ -76,27 +84,36 @@ enum Command {
         after_help = "Examples:\n  gatewayctl get\n  gatewayctl get -l team=payments -o wide\n  gatewayctl get edge -o json\n  gatewayctl get --watch"
     )]
     Get {
+        /// One gateway (NAME or gateway/NAME); all when absent.
+        #[arg(value_parser = gateway_name)]
         name: Option<String>,
         /// Label selector (k=v, k!=v, k in (a,b), k notin (a), k, !k).
         #[arg(short = 'l', long = "selector", default_value = "")]
         selector: String,
+        /// Output format.
         #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Table)]
         output: Format,
-        /// Print changes as they happen after the listing.
+        /// After the listing, print each change as it happens, in the same format.
         #[arg(short = 'w', long)]
         watch: bool,
     },
     /// Show a gateway's spec, conditions and provisioning steps.
     #[command(after_help = "Example:\n  gatewayctl describe edge")]
-    Describe { name: String },
+    Describe {
+        /// The gateway (NAME or gateway/NAME).
+        #[arg(value_parser = gateway_name)]
+        name: String,
+    },
     /// Delete gateways.
     #[command(after_help = "Example:\n  gatewayctl delete edge --wait --timeout=2m")]
     Delete {
-        #[arg(required = true)]
+        /// The gateways (NAME or gateway/NAME); each is tried and reported.
+        #[arg(required = true, value_parser = gateway_name)]
         names: Vec<String>,
         /// Return only once the gateways are gone.
         #[arg(long)]
         wait: bool,
+        /// How long --wait waits (e.g. 30s, 2m).
         #[arg(long, default_value = "60s", value_parser = parse_duration)]
         timeout: Duration,
     },
@@ -105,29 +122,41 @@ enum Command {
         after_help = "Examples:\n  gatewayctl wait edge --for=condition=Ready\n  gatewayctl wait edge --for=converged --timeout=2m\n  gatewayctl wait edge --for=delete"
     )]
     Wait {
-        #[arg(required = true)]
+        /// The gateways (NAME or gateway/NAME).
+        #[arg(required = true, value_parser = gateway_name)]
         names: Vec<String>,
         /// condition=<Type>, converged, or delete.
         #[arg(long = "for")]
         condition: Condition,
+        /// How long to wait for all of them (e.g. 30s, 2m).
         #[arg(long, default_value = "60s", value_parser = parse_duration)]
         timeout: Duration,
     },
     /// Ask the reconciler to retry a FAILED gateway now (no spec change).
     #[command(after_help = "Example:\n  gatewayctl retry edge")]
-    Retry { name: String },
+    Retry {
+        /// The gateway (NAME or gateway/NAME).
+        #[arg(value_parser = gateway_name)]
+        name: String,
+    },
     /// Print changes to gateways as they happen.
     #[command(after_help = "Example:\n  gatewayctl watch -l team=payments")]
     Watch {
+        /// Label selector (k=v, k!=v, k in (a,b), k notin (a), k, !k).
         #[arg(short = 'l', long = "selector", default_value = "")]
         selector: String,
+        /// Only this gateway (NAME or gateway/NAME).
+        #[arg(value_parser = gateway_name)]
         name: Option<String>,
     },
     /// Print a shell completion script.
     #[command(
         after_help = "Example:\n  gatewayctl completion bash > /etc/bash_completion.d/gatewayctl"
     )]
-    Completion { shell: clap_complete::Shell },
+    Completion {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
 }
 
 fn read_file(path: &str) -> Result<String, CtlError> {
@@ -145,6 +174,14 @@ async fn run(cli: Cli) -> Result<(), CtlError> {
         return Ok(());
     }
     let config_path = cli.config.clone().unwrap_or_else(default_path);
+    if cli.config.is_some() && !config_path.exists() {
+        // A config named on purpose that is not there is a mistake, not an
+        // empty config (only the default one may be absent).
+        return Err(CtlError::Message(format!(
+            "config file {} does not exist: check --config (GANTRY_CONFIG)",
+            config_path.display()
+        )));
+    }
     let file = ConfigFile::load(&config_path).map_err(CtlError::Message)?;
     let context = file.context(cli.context.as_deref()).cloned();
     if cli.context.is_some() && context.is_none() {
@@ -177,14 +214,32 @@ async fn run(cli: Cli) -> Result<(), CtlError> {
     .connect_lazy()
     .map_err(|e| CtlError::Message(e.to_string()))?;
     let ctl = Ctl { client, server };
-    let mut out = std::io::stdout().lock();
+    let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
     match cli.command {
         Command::Apply { files } => {
+            // Every document of every file is tried; a file that cannot be
+            // read or parsed is reported as one failed item.
+            let mut docs = Vec::new();
             for path in files {
-                let docs = manifest::parse(&read_file(&path)?, &path)?;
-                ctl.apply(&docs, &mut out).await?;
+                match read_file(&path).and_then(|t| Ok(manifest::parse(&t, &path)?)) {
+                    Ok(parsed) => docs.extend(parsed.into_iter().map(Ok)),
+                    Err(e) => docs.push(Err((path, e))),
+                }
             }
-            Ok(())
+            for_each(
+                docs,
+                |doc| match doc {
+                    Ok(doc) => format!("gateway/{}", doc.metadata.name),
+                    Err((path, _)) => path.clone(),
+                },
+                async |doc| match doc {
+                    Ok(doc) => ctl.apply(doc).await,
+                    Err((_, e)) => Err(CtlError::Message(e.to_string())),
+                },
+                &mut out,
+                &mut err,
+            )
+            .await
         }
         Command::Create {
             name,
@@ -219,18 +274,37 @@ async fn run(cli: Cli) -> Result<(), CtlError> {
                 },
                 status: None,
             };
-            ctl.apply(&[doc], &mut out).await
+            writeln!(out, "{}", ctl.create(&doc).await?)?;
+            Ok(())
         }
         Command::Get { name, selector, output, watch } => {
-            ctl.get_cmd(name.as_deref(), &selector, output, &mut out).await?;
+            let revision =
+                ctl.get_cmd(name.as_deref(), &selector, output, &mut out, &mut err).await?;
             if watch {
-                ctl.watch(&selector, name.as_deref(), &mut out).await?;
+                ctl.get_watch(name.as_deref(), &selector, output, revision, &mut out).await?;
             }
             Ok(())
         }
         Command::Describe { name } => ctl.describe(&name, &mut out).await,
         Command::Delete { names, wait, timeout } => {
-            ctl.delete(&names, wait.then_some(timeout), &mut out).await
+            let deleted = std::cell::RefCell::new(Vec::new());
+            let outcome = for_each(
+                &names,
+                |name| format!("gateway/{name}"),
+                async |name| {
+                    let line = ctl.delete(name).await?;
+                    deleted.borrow_mut().push((*name).clone());
+                    Ok(line)
+                },
+                &mut out,
+                &mut err,
+            )
+            .await;
+            let deleted = deleted.into_inner();
+            if wait && !deleted.is_empty() {
+                ctl.wait(&deleted, &Condition::Deleted, timeout, &mut out).await?;
+            }
+            outcome
         }
         Command::Wait { names, condition, timeout } => {
             ctl.wait(&names, &condition, timeout, &mut out).await
@@ -246,9 +320,37 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`| head`): nothing more to say.
+        Err(CtlError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_flag_and_argument_has_help_text() {
+        fn missing_help(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+                if !matches!(id, "help" | "version") && help.trim().is_empty() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in command.get_subcommands() {
+                missing_help(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let command = Cli::command();
+        command.clone().debug_assert();
+        let mut missing = Vec::new();
+        missing_help(&command, "gatewayctl", &mut missing);
+        assert!(missing.is_empty(), "without help text: {missing:?}");
     }
 }

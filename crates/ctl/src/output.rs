@@ -51,11 +51,13 @@ fn phase(g: &Gateway) -> String {
         .to_string()
 }
 
-/// Prints gateways; a single `get NAME` prints one object for json/yaml.
+/// Prints gateways; a single `get NAME` prints one object for json/yaml;
+/// a table has its header row when `headers`.
 pub fn print(
     gateways: &[Gateway],
     format: Format,
     single: bool,
+    headers: bool,
     out: &mut impl Write,
 ) -> Result<(), CtlError> {
     let now = SystemTime::now();
@@ -121,7 +123,7 @@ pub fn print(
             let columns = rows[0].len();
             let widths: Vec<usize> =
                 (0..columns).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
-            for row in rows {
+            for row in rows.into_iter().skip(usize::from(!headers)) {
                 let cells: Vec<String> = row
                     .iter()
                     .enumerate()
@@ -250,7 +252,7 @@ mod tests {
 
     fn render(format: Format) -> String {
         let mut out = Vec::new();
-        print(&[gateway()], format, false, &mut out).unwrap();
+        print(&[gateway()], format, false, true, &mut out).unwrap();
         String::from_utf8(out).unwrap()
     }
 
@@ -264,7 +266,7 @@ mod tests {
         describe(&g, &mut out).unwrap();
         let mut table = Vec::new();
         g.status.as_mut().unwrap().message = evil;
-        print(&[g], Format::Wide, false, &mut table).unwrap();
+        print(&[g], Format::Wide, false, true, &mut table).unwrap();
         for text in [out, table] {
             let text = String::from_utf8(text).unwrap();
             assert!(!text.contains('\u{1b}'), "{text}");

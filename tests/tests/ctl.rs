@@ -1,0 +1,308 @@
+//! gatewayctl as a user runs it: the real binary against a real
+//! gateway-store process (SQLite), checking exit codes and which text goes
+//! to stdout (data) and which to stderr (messages).
+
+#![allow(clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use gantry_e2e::{binary, free_port, server_certificate, temp_dir, StoreProcess};
+
+struct Store {
+    process: StoreProcess,
+    dir: PathBuf,
+}
+
+impl Store {
+    fn start(label: &str, extra: &[&str]) -> Store {
+        let dir = temp_dir(label);
+        let url = format!("sqlite://{}/store.db", dir.display());
+        let process = StoreProcess::start_with(&url, &dir, extra);
+        Store { process, dir }
+    }
+
+    fn server(&self) -> String {
+        self.process.endpoint()
+    }
+
+    /// gatewayctl against this store, with no config file or environment
+    /// of the machine it runs on.
+    fn ctl(&self, args: &[&str]) -> Output {
+        ctl_at(&self.server(), args)
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.process.kill9();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn ctl_command(args: &[&str]) -> Command {
+    let mut command = Command::new(binary("gatewayctl"));
+    command
+        .args(args)
+        .env("HOME", std::env::temp_dir().join("gantry-e2e-no-home"))
+        .env_remove("GANTRY_TOKEN")
+        .env_remove("GANTRY_SERVER")
+        .env_remove("GANTRY_CONFIG")
+        .env_remove("GANTRY_CONTEXT")
+        .env_remove("GANTRY_CA");
+    command
+}
+
+fn ctl_at(server: &str, args: &[&str]) -> Output {
+    ctl_command(&[&["--server", server], args].concat()).output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Exit 0; stdout.
+fn ok(out: Output) -> String {
+    assert!(out.status.success(), "gatewayctl failed: {}{}", text(&out.stdout), text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// Exit `code`, no panic; (stdout, stderr).
+fn exits(code: i32, out: Output) -> (String, String) {
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(code), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    (stdout, stderr)
+}
+
+fn gateway_json(store: &Store, name: &str) -> serde_json::Value {
+    serde_json::from_str(&ok(store.ctl(&["get", name, "-o", "json"]))).unwrap()
+}
+
+fn write(dir: &Path, name: &str, content: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, content).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn create_refuses_an_existing_name_and_changes_nothing() {
+    let store = Store::start("ctl-create", &[]);
+    let first = &["create", "edge", "--image", "ghcr.io/acme/gw:1", "-l", "team=payments"];
+    assert_eq!(ok(store.ctl(first)), "gateway/edge created\n");
+    let before = gateway_json(&store, "edge");
+
+    let (stdout, stderr) =
+        exits(1, store.ctl(&["create", "edge", "--image", "ghcr.io/acme/other:2"]));
+    assert_eq!(stdout, "");
+    assert!(stderr.contains("\"edge\" already exists"), "{stderr}");
+    assert_eq!(gateway_json(&store, "edge"), before, "the existing gateway was changed");
+    assert_eq!(before["metadata"]["labels"]["team"], "payments");
+    assert_eq!(before["spec"]["image"], "ghcr.io/acme/gw:1");
+}
+
+#[test]
+fn every_command_takes_name_and_type_slash_name() {
+    let store = Store::start("ctl-names", &[]);
+    ok(store.ctl(&["create", "gateway/edge", "--image", "ghcr.io/acme/gw:1"]));
+    ok(store.ctl(&["create", "tail", "--image", "ghcr.io/acme/gw:1"]));
+    let names = ok(store.ctl(&["get", "-o", "name"]));
+    assert_eq!(names, "gateway/edge\ngateway/tail\n");
+
+    for form in ["edge", "gateway/edge", "gateways/edge", "gw/edge"] {
+        assert_eq!(gateway_json(&store, form)["metadata"]["name"], "edge", "{form}");
+    }
+    assert!(ok(store.ctl(&["describe", "gateway/edge"])).starts_with("Name:          edge\n"));
+    assert_eq!(ok(store.ctl(&["retry", "gateway/edge"])), "gateway/edge retry requested\n");
+    let (_, stderr) =
+        exits(1, store.ctl(&["wait", "gateway/edge", "--for=condition=Ready", "--timeout=200ms"]));
+    assert!(stderr.contains("timed out") && stderr.contains("gateway/edge"), "{stderr}");
+
+    // What `get -o name` prints feeds `delete` (no reconciler has set a
+    // finalizer here, so they are gone at once).
+    let listed: Vec<&str> = names.lines().collect();
+    let deleted = ok(store.ctl(&[&["delete"], listed.as_slice()].concat()));
+    assert_eq!(deleted, "gateway/edge deleted\ngateway/tail deleted\n");
+    assert_eq!(ok(store.ctl(&["get", "-o", "name"])), "");
+
+    // Another resource type is a usage error that says what is accepted.
+    for args in
+        [&["get", "pod/edge"][..], &["delete", "deployment/edge"], &["describe", "gateway/"]]
+    {
+        let (stdout, stderr) = exits(2, store.ctl(args));
+        assert_eq!(stdout, "");
+        assert!(stderr.contains("gateway/NAME"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn a_named_config_that_does_not_exist_is_an_error() {
+    let store = Store::start("ctl-config", &[]);
+    let missing = store.dir.join("no-such-config.yaml");
+    let missing = missing.to_str().unwrap();
+    let (stdout, stderr) = exits(1, store.ctl(&["--config", missing, "get"]));
+    assert_eq!(stdout, "");
+    assert!(stderr.contains(missing) && stderr.contains("does not exist"), "{stderr}");
+    // The same through the environment.
+    let out = ctl_command(&["--server", &store.server(), "get", "-o", "name"])
+        .env("GANTRY_CONFIG", missing)
+        .output()
+        .unwrap();
+    let (_, stderr) = exits(1, out);
+    assert!(stderr.contains("does not exist") && stderr.contains("GANTRY_CONFIG"), "{stderr}");
+    // The default config may be absent: an empty store lists nothing.
+    let (stdout, _) = exits(0, store.ctl(&["get", "-o", "name"]));
+    assert_eq!(stdout, "");
+}
+
+#[test]
+fn connection_errors_say_what_is_wrong_and_what_to_do() {
+    let plain = Store::start("ctl-conn-plain", &[]);
+    let dir = temp_dir("ctl-conn-tls");
+    let (ca, cert, key) = server_certificate("gateway-store", &["localhost"], &[[127, 0, 0, 1]]);
+    let ca = write(&dir, "ca.pem", &ca);
+    let cert = write(&dir, "tls.crt", &cert);
+    let key = write(&dir, "tls.key", &key);
+    let tls = Store::start("ctl-conn-tls", &["--tls-cert", &cert, "--tls-key", &key]);
+    let plain_addr = plain.server().trim_start_matches("http://").to_string();
+    let tls_https = tls.server().replace("http://", "https://");
+
+    let cases: Vec<(String, Vec<&str>, &[&str])> = vec![
+        // No scheme: said before any connection is tried.
+        (plain_addr.clone(), vec![], &["no http:// or https:// scheme", "http://127.0.0.1:"]),
+        // https:// to a plain-text store.
+        (
+            plain.server().replace("http://", "https://"),
+            vec![],
+            &["does not speak TLS", "use http://"],
+        ),
+        // http:// to a TLS store.
+        (tls.server(), vec![], &["use https://"]),
+        // https:// without the CA that signed the certificate.
+        (tls_https.clone(), vec![], &["certificate", "--ca"]),
+        // Nothing listening.
+        (
+            format!("http://127.0.0.1:{}", free_port()),
+            vec![],
+            &["connection refused", "Is gateway-store running"],
+        ),
+    ];
+    for (server, extra, says) in cases {
+        let args = [&extra[..], &["get"]].concat();
+        let (stdout, stderr) = exits(1, ctl_at(&server, &args));
+        assert_eq!(stdout, "", "{server}");
+        for said in says {
+            assert!(stderr.contains(said), "{server}: wanted {said:?} in {stderr}");
+        }
+        assert!(!stderr.contains("Retry in a moment"), "{server}: {stderr}");
+    }
+    // With the CA, the same TLS store answers.
+    ok(ctl_at(&tls_https, &["--ca", &ca, "create", "edge", "--image", "ghcr.io/acme/gw:1"]));
+    assert_eq!(ok(ctl_at(&tls_https, &["--ca", &ca, "get", "-o", "name"])), "gateway/edge\n");
+
+    // Wrong credentials: the store answered, and says so.
+    let authed = Store::start(
+        "ctl-conn-auth",
+        &["--tokens-file", &write(&dir, "tokens.csv", "right-token-0123456789,admin,admin\n")],
+    );
+    let (_, stderr) = exits(1, authed.ctl(&["--token", "wrong-token-0123456789", "get"]));
+    assert!(stderr.contains("rejected the credentials") && stderr.contains("--token"), "{stderr}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn apply_and_delete_try_every_item_and_report_each() {
+    let store = Store::start("ctl-each", &[]);
+    let good = |name: &str| {
+        format!("metadata: {{name: {name}}}\nspec: {{image: ghcr.io/acme/{name}:1}}\n")
+    };
+    let docs = [
+        good("one"),
+        "metadata: {name: two}\nspec: {image: 'Not An Image'}\n".into(),
+        good("three"),
+    ]
+    .join("---\n");
+    let file = write(&store.dir, "three.yaml", &docs);
+    let later = write(&store.dir, "later.yaml", &good("four"));
+    let missing = store.dir.join("missing.yaml").display().to_string();
+
+    let (stdout, stderr) =
+        exits(1, store.ctl(&["apply", "-f", &file, "-f", &missing, "-f", &later]));
+    assert_eq!(
+        stdout, "gateway/one created\ngateway/three created\ngateway/four created\n",
+        "every good document applied, in order"
+    );
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error: ")).collect();
+    assert!(errors[0].starts_with("error: gateway/two: invalid gateway"), "{stderr}");
+    assert!(stderr.contains("gateway.spec.image"), "the offending field: {stderr}");
+    assert!(errors[1].starts_with(&format!("error: {missing}: cannot read")), "{stderr}");
+    assert_eq!(errors[2], "error: 2 of 5 failed (each is reported above)", "{stderr}");
+    assert_eq!(ok(store.ctl(&["get", "-o", "name"])), "gateway/four\ngateway/one\ngateway/three\n");
+
+    let (stdout, stderr) = exits(1, store.ctl(&["delete", "one", "nobody", "gateway/three"]));
+    assert_eq!(stdout, "gateway/one deleted\ngateway/three deleted\n");
+    assert!(stderr.contains("error: gateway/nobody: ") && stderr.contains("not found"), "{stderr}");
+    assert!(stderr.contains("1 of 3 failed"), "{stderr}");
+    assert_eq!(ok(store.ctl(&["get", "-o", "name"])), "gateway/four\n");
+
+    // All good: exit 0 and nothing on stderr.
+    let (stdout, stderr) = exits(0, store.ctl(&["apply", "-f", &later]));
+    assert_eq!((stdout.as_str(), stderr.as_str()), ("gateway/four unchanged\n", ""));
+}
+
+#[test]
+fn messages_go_to_stderr_and_data_to_stdout() {
+    let store = Store::start("ctl-streams", &[]);
+    let (stdout, stderr) = exits(0, store.ctl(&["get"]));
+    assert_eq!((stdout.as_str(), stderr.as_str()), ("", "No gateways found.\n"));
+    let (stdout, stderr) = exits(0, store.ctl(&["get", "-o", "json"]));
+    let list: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        (list["kind"].as_str(), list["items"].as_array().map(Vec::len)),
+        (Some("GatewayList"), Some(0))
+    );
+    assert_eq!(stderr, "");
+    let (stdout, stderr) = exits(1, store.ctl(&["get", "nobody"]));
+    assert_eq!(stdout, "");
+    assert!(stderr.starts_with("error: ") && stderr.contains("\"nobody\" not found"), "{stderr}");
+}
+
+#[test]
+fn get_watch_keeps_one_table() {
+    let store = Store::start("ctl-get-watch", &[]);
+    ok(store.ctl(&["create", "before", "--image", "ghcr.io/acme/gw:1"]));
+    let mut watcher = ctl_command(&["--server", &store.server(), "get", "--watch"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Never hang the suite: stop the watcher after a minute whatever happens.
+    let pid = watcher.id().to_string();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(60));
+        let _ = Command::new("kill").args(["-KILL", &pid]).status();
+    });
+    let mut lines = BufReader::new(watcher.stdout.take().unwrap()).lines();
+    let mut next = || lines.next().unwrap().unwrap();
+    let header = next();
+    let columns = ["NAME", "PHASE", "READY", "GENERATION", "OBSERVED", "AGE"];
+    assert_eq!(header.split_whitespace().collect::<Vec<_>>(), columns);
+    assert_eq!(
+        next().split_whitespace().take(5).collect::<Vec<_>>(),
+        ["before", "PENDING", "Unknown", "1", "0"]
+    );
+
+    ok(store.ctl(&["create", "after", "--image", "ghcr.io/acme/gw:1"]));
+    ok(store.ctl(&["delete", "before"]));
+    // Each change is one row of the same columns: no second header, no
+    // repeat of the listing, no event column.
+    let changes = [next(), next()];
+    let rows: Vec<Vec<&str>> = changes.iter().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows[0][..5], ["after", "PENDING", "Unknown", "1", "0"], "{changes:?}");
+    assert_eq!(rows[1][..5], ["before", "DELETING", "Unknown", "1", "0"], "{changes:?}");
+    assert!(rows.iter().all(|r| r.len() == columns.len()), "{changes:?}");
+    let _ = watcher.kill();
+    let _ = watcher.wait();
+}
