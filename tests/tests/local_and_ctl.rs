@@ -204,7 +204,7 @@ fn errors_are_plain_words_with_a_non_zero_exit() {
     assert!(stderr.contains("rejected the credentials") && stderr.contains("--token"), "{stderr}");
     let unreachable = format!("http://127.0.0.1:{}", free_port());
     let stderr = failed(ctl(&local.config, &["--server", &unreachable, "get"]));
-    assert!(stderr.contains("cannot reach the store") && stderr.contains(&unreachable), "{stderr}");
+    assert!(stderr.contains("nothing is listening") && stderr.contains(&unreachable), "{stderr}");
     let stderr = failed(ctl(&local.config, &["wait", "x", "--for=happy"]));
     assert!(stderr.contains("condition=Ready"), "{stderr}");
 
