@@ -279,6 +279,13 @@ impl ReconcilerProcess {
     /// Starts the reconciler against `store` with `extra` flags and waits
     /// until it has listed the store.
     pub fn start(store: &str, extra: &[&str]) -> ReconcilerProcess {
+        let reconciler = Self::launch(store, extra);
+        wait_ready(reconciler.http, "/readyz", Duration::from_secs(60));
+        reconciler
+    }
+
+    /// As [`ReconcilerProcess::start`], without waiting for it to be ready.
+    pub fn launch(store: &str, extra: &[&str]) -> ReconcilerProcess {
         let http = free_port();
         let mut args: Vec<String> = vec![
             "--store".into(),
@@ -291,12 +298,17 @@ impl ReconcilerProcess {
         args.extend(extra.iter().map(|a| a.to_string()));
         let log = std::env::temp_dir().join(format!("gantry-e2e-reconciler-{http}.log"));
         let mut reconciler = ReconcilerProcess { args, http, child: None, log };
-        reconciler.spawn();
+        reconciler.spawn_unready();
         reconciler
     }
 
     /// Starts the process (again) and waits for `/readyz`.
     pub fn spawn(&mut self) {
+        self.spawn_unready();
+        wait_ready(self.http, "/readyz", Duration::from_secs(60));
+    }
+
+    fn spawn_unready(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -310,7 +322,6 @@ impl ReconcilerProcess {
             .spawn()
             .expect("start gateway-reconciler");
         self.child = Some(child);
-        wait_ready(self.http, "/readyz", Duration::from_secs(60));
     }
 
     /// Everything the process (and its earlier runs) logged.

@@ -12,7 +12,7 @@ use gantry_api::v1::{
     ObjectMeta, Phase, Route, UpdateGatewayRequest,
 };
 use gantry_client::{ClientConfig, GatewayClient};
-use gantry_e2e::{temp_dir, ReconcilerProcess, StoreProcess, TempPostgres};
+use gantry_e2e::{http_get, temp_dir, ReconcilerProcess, StoreProcess, TempPostgres};
 use gantry_kube_fake::{KubeFake, Options};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, ListParams};
@@ -312,5 +312,45 @@ async fn behind_compaction(database: String, dir: PathBuf) {
     assert!(logs.contains("relisting"), "the watch fell behind compaction and relisted:\n{logs}");
     drop(reconciler);
     drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Polls until `check` holds, for at most [`PATIENCE`].
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while !check() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn while_the_store_is_unreachable_the_reconciler_says_so_and_is_not_ready() {
+    let dir = temp_dir("reconciler-no-store");
+    let database = format!("sqlite://{}", dir.join("gantry.db").display());
+    let mut store = StoreProcess::start(&database, &dir);
+    store.kill9();
+    let directory = dir.join("manifests");
+    let reconciler = ReconcilerProcess::launch(
+        &store.endpoint(),
+        &["--target", "directory", "--directory", directory.to_str().unwrap()],
+    );
+    let readyz = || http_get(reconciler.http, "/readyz").unwrap_or_default();
+    eventually("readyz says the store's watch is down", || {
+        let answer = readyz();
+        answer.starts_with("HTTP/1.1 503") && answer.contains("the watch of gateway-store is down")
+    });
+    eventually("the reconciler logs that it cannot watch the store", || {
+        reconciler.logs().contains("cannot watch gateway-store; retrying")
+    });
+    assert!(readyz().contains("Unavailable"), "the reason: {}", readyz());
+
+    store.spawn();
+    eventually("ready once the store is back", || readyz().starts_with("HTTP/1.1 200"));
+    assert!(reconciler.logs().contains("the watch of gateway-store is back"));
+    // The store logs in its human format to a file: no colour codes there.
+    let logs = store.logs();
+    assert!(logs.contains("INFO") && !logs.contains('\u{1b}'), "{logs}");
+    drop(reconciler);
     let _ = std::fs::remove_dir_all(dir);
 }

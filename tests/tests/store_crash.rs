@@ -70,7 +70,9 @@ async fn kill_and_restart_loses_nothing(database_url: &str, label: &str) {
                     WatchUpdate::Deleted { gateway, .. } => {
                         cache.remove(&gateway.metadata.unwrap().name);
                     }
-                    WatchUpdate::Bookmark { .. } | WatchUpdate::InitDone { .. } => {}
+                    WatchUpdate::Bookmark { .. }
+                    | WatchUpdate::InitDone { .. }
+                    | WatchUpdate::Interrupted { .. } => {}
                 }
                 last = revision;
             }

@@ -70,7 +70,11 @@ impl Tracker {
                             state.gateways.remove(&meta.name);
                         }
                     }
-                    Ok(WatchUpdate::Bookmark { .. } | WatchUpdate::InitDone { .. }) => {}
+                    Ok(
+                        WatchUpdate::Bookmark { .. }
+                        | WatchUpdate::InitDone { .. }
+                        | WatchUpdate::Interrupted { .. },
+                    ) => {}
                     Err(_) => return,
                 }
             }

@@ -9,6 +9,8 @@
 //! was compacted (OUT_OF_RANGE) it relists. Between attempts it backs off
 //! with jitter; it never spins.
 
+use std::time::Duration;
+
 use gantry_api::v1::{EventType, Gateway, ListGatewaysRequest, WatchGatewaysRequest};
 use gantry_core::retry::Backoff;
 use tokio::sync::mpsc;
@@ -35,6 +37,12 @@ pub enum WatchUpdate {
     Deleted { gateway: Gateway, revision: i64 },
     /// Every change up to `revision` has been delivered.
     Bookmark { revision: i64 },
+    /// The loop lost the store (it cannot be reached, is unavailable, or
+    /// ended the watch) and tries again in `retry_in`; `revision` is that
+    /// of the last update delivered (0: none yet). Nothing about the gateways
+    /// changed; it is said so that the subscriber can report it (an
+    /// operator sees why nothing happens) rather than wait in silence.
+    Interrupted { code: Code, message: String, retry_in: Duration, revision: i64 },
 }
 
 impl WatchUpdate {
@@ -46,7 +54,8 @@ impl WatchUpdate {
             | WatchUpdate::InitDone { revision }
             | WatchUpdate::Applied { revision, .. }
             | WatchUpdate::Deleted { revision, .. }
-            | WatchUpdate::Bookmark { revision } => *revision,
+            | WatchUpdate::Bookmark { revision }
+            | WatchUpdate::Interrupted { revision, .. } => *revision,
         }
     }
 }
@@ -111,8 +120,9 @@ pub fn list_then_watch(
 ) -> ReceiverStream<Result<WatchUpdate, Status>> {
     let (tx, rx) = mpsc::channel(options.buffer.max(1));
     tokio::spawn(async move {
-        if let Err(status) = run(client, options, &tx).await {
-            let _ = tx.send(Err(status)).await;
+        let mut sink = Sink { tx, delivered: 0 };
+        if let Err(status) = run(client, options, &mut sink).await {
+            let _ = sink.tx.send(Err(status)).await;
         }
     });
     ReceiverStream::new(rx)
@@ -133,7 +143,7 @@ impl From<Status> for Stop {
 async fn run(
     mut client: GatewayClient,
     options: WatchOptions,
-    tx: &mpsc::Sender<Result<WatchUpdate, Status>>,
+    sink: &mut Sink,
 ) -> Result<(), Status> {
     let mut revision: Option<i64> = None;
     let mut failures: u32 = 0;
@@ -142,12 +152,12 @@ async fn run(
             let from = match revision {
                 Some(r) => r,
                 None => {
-                    let listed = list(&mut client, &options, tx).await?;
+                    let listed = list(&mut client, &options, sink).await?;
                     revision = Some(listed);
                     listed
                 }
             };
-            watch(&mut client, &options, from, tx, &mut revision, &mut failures).await
+            watch(&mut client, &options, from, sink, &mut revision, &mut failures).await
         };
         let status = match attempt.await {
             Ok(()) => Status::unavailable("the watch stream ended"),
@@ -169,25 +179,42 @@ async fn run(
         let delay = options.backoff.delay(failures, fastrand::f64());
         failures = failures.saturating_add(1);
         tracing::debug!(code = ?status.code(), message = status.message(), retry_in = ?delay, "watch interrupted; resuming");
+        let interrupted = WatchUpdate::Interrupted {
+            code: status.code(),
+            message: status.message().to_string(),
+            retry_in: delay,
+            revision: sink.delivered,
+        };
+        if sink.send(interrupted).await.is_err() {
+            return Ok(());
+        }
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
-            () = tx.closed() => return Ok(()),
+            () = sink.tx.closed() => return Ok(()),
         }
     }
 }
 
-async fn send(
-    tx: &mpsc::Sender<Result<WatchUpdate, Status>>,
-    update: WatchUpdate,
-) -> Result<(), Stop> {
-    tx.send(Ok(update)).await.map_err(|_| Stop::Closed)
+/// Where updates go, and the revision of the last one delivered.
+struct Sink {
+    tx: mpsc::Sender<Result<WatchUpdate, Status>>,
+    delivered: i64,
+}
+
+impl Sink {
+    async fn send(&mut self, update: WatchUpdate) -> Result<(), Stop> {
+        let revision = update.revision();
+        self.tx.send(Ok(update)).await.map_err(|_| Stop::Closed)?;
+        self.delivered = revision;
+        Ok(())
+    }
 }
 
 /// Lists page by page, delivering each as it comes; the list's revision.
 async fn list(
     client: &mut GatewayClient,
     options: &WatchOptions,
-    tx: &mpsc::Sender<Result<WatchUpdate, Status>>,
+    sink: &mut Sink,
 ) -> Result<i64, Stop> {
     let (mut token, mut revision) = (String::new(), None);
     loop {
@@ -203,7 +230,7 @@ async fn list(
         let revision = match revision {
             Some(r) => r,
             None => {
-                send(tx, WatchUpdate::Init { revision: page.resource_version }).await?;
+                sink.send(WatchUpdate::Init { revision: page.resource_version }).await?;
                 *revision.insert(page.resource_version)
             }
         };
@@ -212,10 +239,10 @@ async fn list(
         };
         let gateways: Vec<Gateway> = page.gateways.into_iter().filter(wanted).collect();
         if !gateways.is_empty() {
-            send(tx, WatchUpdate::InitPage { gateways, revision }).await?;
+            sink.send(WatchUpdate::InitPage { gateways, revision }).await?;
         }
         if page.next_page_token.is_empty() {
-            send(tx, WatchUpdate::InitDone { revision }).await?;
+            sink.send(WatchUpdate::InitDone { revision }).await?;
             return Ok(revision);
         }
         token = page.next_page_token;
@@ -226,7 +253,7 @@ async fn watch(
     client: &mut GatewayClient,
     options: &WatchOptions,
     from: i64,
-    tx: &mpsc::Sender<Result<WatchUpdate, Status>>,
+    sink: &mut Sink,
     revision: &mut Option<i64>,
     failures: &mut u32,
 ) -> Result<(), Stop> {
@@ -253,7 +280,7 @@ async fn watch(
                 continue;
             }
         };
-        send(tx, update).await?;
+        sink.send(update).await?;
         *revision = Some(at);
     }
     Ok(())

@@ -505,9 +505,18 @@ impl Controller {
             let mut updates = self.store.watch();
             let reason = loop {
                 match updates.next().await {
+                    // The watch loop retries by itself; until it is back,
+                    // readyz says why and each attempt is logged.
+                    Some(Ok(WatchUpdate::Interrupted { code, message, retry_in, .. })) => {
+                        let reason = format!("{code:?}: {message}");
+                        tracing::warn!(reason, ?retry_in, "cannot watch gateway-store; retrying (check --store, that the store runs, and the network between them)");
+                        *lock(&self.watch_down) = Some(reason);
+                    }
                     Some(Ok(update)) => {
                         failures = 0;
-                        lock(&self.watch_down).take();
+                        if lock(&self.watch_down).take().is_some() {
+                            tracing::info!("the watch of gateway-store is back");
+                        }
                         self.on_update(update);
                     }
                     Some(Err(status)) => {
@@ -527,6 +536,8 @@ impl Controller {
     fn on_update(&self, update: WatchUpdate) {
         match update {
             WatchUpdate::Init { .. } => *lock(&self.listing) = Some(Default::default()),
+            // Handled by the watch loop (`watch_store`).
+            WatchUpdate::Interrupted { .. } => {}
             WatchUpdate::InitPage { gateways, .. } => {
                 // Each page is cached and queued as it comes: only the
                 // names of the whole list are held until it is done.

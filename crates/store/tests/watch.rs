@@ -801,6 +801,7 @@ async fn the_client_helper_delivers_its_list_page_by_page(store: &TestStore) {
                 cache.remove(&meta(&gateway).name);
             }
             WatchUpdate::Init { .. } => panic!("relisted"),
+            WatchUpdate::Interrupted { .. } => panic!("interrupted: {update:?}"),
             WatchUpdate::Bookmark { .. } => {}
         }
         if revision >= raced && listed_at.is_some() {
