@@ -280,3 +280,46 @@ fn watch_prints_changes_as_they_happen() {
     let _ = watcher.kill();
     let _ = watcher.wait();
 }
+
+#[test]
+fn a_missing_kubeconfig_stops_gantry_local_at_once_with_the_reason() {
+    let dir = temp_dir("local-no-kubeconfig");
+    let missing = dir.join("no-such-kubeconfig");
+    let (grpc, http, reconciler_http) = (free_port(), free_port(), free_port());
+    let mut child = Command::new(binary("gantry-local"))
+        .current_dir(&dir)
+        .args(["--listen", &format!("127.0.0.1:{grpc}")])
+        .args(["--http-listen", &format!("127.0.0.1:{http}")])
+        .args(["--reconciler-http-listen", &format!("127.0.0.1:{reconciler_http}")])
+        .args(["--ctl-config", dir.join("gatewayctl.yaml").to_str().unwrap()])
+        .args(["--target", "kube", "--kubeconfig", missing.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("gantry-local still runs 20 s after its reconciler could not start");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!status.success(), "{stdout}{stderr}");
+    assert!(!stdout.contains("running"), "it claimed to run: {stdout}");
+    assert!(
+        stderr.contains("gateway-reconciler failed to start")
+            && stderr.contains("kubeconfig")
+            && stderr.contains(missing.to_str().unwrap()),
+        "{stderr}"
+    );
+    // Nothing keeps listening after it exits.
+    assert!(gantry_e2e::http_get(http, "/healthz").is_none());
+    let _ = std::fs::remove_dir_all(dir);
+}

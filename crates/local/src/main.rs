@@ -222,17 +222,63 @@ async fn main() -> anyhow::Result<()> {
     let reconciler = gantry_reconciler::config::Config::try_parse_from(&reconciler_args)?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    let stop_tx = std::sync::Arc::new(stop_tx);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    tokio::spawn(async move {
-        gantry_store::shutdown_signal().await;
-        let _ = stop_tx.send(true);
-    });
-    let store_task = tokio::spawn(gantry_store::run(store, stopped(stop_rx.clone())));
-    let reconciler_task =
-        tokio::spawn(gantry_reconciler::run(reconciler, stopped(stop_rx.clone())));
+    {
+        let stop_tx = stop_tx.clone();
+        tokio::spawn(async move {
+            gantry_store::shutdown_signal().await;
+            let _ = stop_tx.send(true);
+        });
+    }
+    let store_run = gantry_store::run(store, stopped(stop_rx.clone()));
+    let mut store_task = tokio::spawn(async move { Ok::<_, anyhow::Error>(store_run.await?) });
+    let reconciler_run = gantry_reconciler::run(reconciler, stopped(stop_rx.clone()));
+    let mut reconciler_task =
+        tokio::spawn(async move { Ok::<_, anyhow::Error>(reconciler_run.await?) });
 
+    // "Running" only once both are ready; either failing first stops the
+    // other and ends this process with its error.
+    let ready = async {
+        wait_ready("gateway-store", args.http_listen).await;
+        wait_ready("gateway-reconciler", args.reconciler_http_listen).await;
+    };
+    let early = tokio::select! {
+        () = ready => None,
+        result = &mut store_task => Some(("gateway-store", flatten(result))),
+        result = &mut reconciler_task => Some(("gateway-reconciler", flatten(result))),
+    };
+    let Some((name, result)) = early else {
+        return running(&args, store_task, reconciler_task, &stop_tx, stop_rx, server, admin).await;
+    };
+    let other = if name == "gateway-store" { reconciler_task } else { store_task };
+    let _ = stop_tx.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(10), other).await;
+    if *stop_rx.borrow() && result.is_ok() {
+        // Ctrl-C while starting.
+        return Ok(());
+    }
+    Err(result.err().unwrap_or_else(|| anyhow::anyhow!("it stopped")))
+        .with_context(|| format!("{name} failed to start"))
+}
+
+type Task = tokio::task::JoinHandle<anyhow::Result<()>>;
+
+/// Both services are ready: says so, runs the demo if asked, and waits
+/// until Ctrl-C or until one of them stops (which stops the other).
+async fn running(
+    args: &Args,
+    mut store_task: Task,
+    mut reconciler_task: Task,
+    stop_tx: &watch::Sender<bool>,
+    stop_rx: watch::Receiver<bool>,
+    server: String,
+    admin: String,
+) -> anyhow::Result<()> {
+    let data_dir = args.data_dir.display().to_string();
+    let ctl_config = args.ctl_config.clone().unwrap_or_else(default_path);
     let target = match args.target {
         Target::Directory => format!("directory {}", args.directory.display()),
         Target::Kube => format!("kube, namespace {}", args.namespace),
@@ -252,15 +298,72 @@ async fn main() -> anyhow::Result<()> {
     println!("  cargo run -p gantry-ctl -- apply -f examples/minimal.yaml");
     println!("  cargo run -p gantry-ctl -- wait edge --for=condition=Ready");
     println!("  cargo run -p gantry-ctl -- get -o wide");
-    if args.demo {
-        if let Err(e) = demo(server.clone(), admin).await {
-            eprintln!("{e:#}");
-        }
+    let demo_task = args.demo.then(|| {
+        tokio::spawn(async move {
+            if let Err(e) = demo(server, admin).await {
+                eprintln!("{e:#}");
+            }
+        })
+    });
+    let (first, other, rest) = tokio::select! {
+        result = &mut store_task => (("gateway-store", flatten(result)), "gateway-reconciler", reconciler_task),
+        result = &mut reconciler_task => (("gateway-reconciler", flatten(result)), "gateway-store", store_task),
+    };
+    if let Some(demo) = demo_task {
+        demo.abort();
     }
-    let store_result = store_task.await?;
-    let reconciler_result = reconciler_task.await?;
-    store_result.context("gateway-store")?;
-    reconciler_result.context("gateway-reconciler")?;
+    let asked = *stop_rx.borrow();
+    if !asked {
+        // One died on its own: say so, and stop the other.
+        let reason = first.1.as_ref().err().map_or("it stopped".to_string(), |e| format!("{e:#}"));
+        eprintln!("{} stopped unexpectedly ({reason}); stopping {other}", first.0);
+        let _ = stop_tx.send(true);
+    }
+    let rest_result = flatten(rest.await);
+    first.1.with_context(|| first.0)?;
+    rest_result.with_context(|| other)?;
+    if !asked {
+        anyhow::bail!("{} stopped unexpectedly", first.0);
+    }
     println!("gantry stopped");
     Ok(())
+}
+
+/// A service task's outcome as one result.
+fn flatten(joined: Result<anyhow::Result<()>, tokio::task::JoinError>) -> anyhow::Result<()> {
+    joined.context("the task panicked")?
+}
+
+/// Until `GET /readyz` on `addr` answers 200; says every 10 s what it
+/// still waits for (the service's own reason).
+async fn wait_ready(name: &str, addr: SocketAddr) {
+    let started = tokio::time::Instant::now();
+    let mut next_report = started + Duration::from_secs(10);
+    loop {
+        let answer = http_get(addr, "/readyz").await.unwrap_or_default();
+        if answer.starts_with("HTTP/1.1 200") {
+            return;
+        }
+        if tokio::time::Instant::now() >= next_report {
+            let reason = answer.split("\r\n\r\n").nth(1).unwrap_or("no answer yet").trim();
+            eprintln!(
+                "waiting for {name} to be ready ({}s): {reason}",
+                started.elapsed().as_secs()
+            );
+            next_report += Duration::from_secs(10);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `GET path` over HTTP/1.1; the whole answer, or `None` if nothing
+/// answers.
+async fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.ok()?;
+    Some(answer)
 }
