@@ -95,16 +95,22 @@ fn a_gateway_from_apply_to_delete_through_gatewayctl() {
     assert_eq!(ok(ctl(&local.config, &["apply", "-f", file])), "gateway/edge created\n");
     assert_eq!(ok(ctl(&local.config, &["apply", "-f", file])), "gateway/edge unchanged\n");
     assert_eq!(
-        ok(ctl(&local.config, &["wait", "edge", "--for=condition=Ready", "--timeout=60s"])),
+        ok(ctl(&local.config, &["wait", "edge", "--for=converged", "--timeout=60s"])),
         "gateway/edge condition met\n"
     );
+    // The directory target runs nothing: Ready is not claimed.
+    let stderr =
+        failed(ctl(&local.config, &["wait", "edge", "--for=condition=Ready", "--timeout=1s"]));
+    assert!(stderr.contains("timed out") && stderr.contains("phase WRITTEN"), "{stderr}");
 
     let json: serde_json::Value =
         serde_json::from_str(&ok(ctl(&local.config, &["get", "edge", "-o", "json"]))).unwrap();
     assert_eq!(json["kind"], "Gateway");
     assert_eq!(json["metadata"]["name"], "edge");
     assert_eq!(json["spec"]["image"], "ghcr.io/acme/gateway:1.0");
-    assert_eq!(json["status"]["phase"], "RUNNING");
+    assert_eq!(json["status"]["phase"], "WRITTEN");
+    assert_eq!(json["status"]["conditions"][0]["type"], "Ready");
+    assert_eq!(json["status"]["conditions"][0]["status"], "UNKNOWN");
     assert_eq!(json["status"]["observedGeneration"], json["metadata"]["generation"]);
     let manifests = local.dir.join("gantry-manifests/edge");
     assert!(
@@ -139,7 +145,7 @@ fn a_gateway_from_apply_to_delete_through_gatewayctl() {
     );
     assert_eq!(
         lines[1].split_whitespace().take(5).collect::<Vec<_>>(),
-        ["edge", "RUNNING", "True", "2", "2"]
+        ["edge", "WRITTEN", "Unknown", "2", "2"]
     );
     let wide = ok(ctl(&local.config, &["get", "-o", "wide"]));
     assert!(
@@ -158,7 +164,7 @@ fn a_gateway_from_apply_to_delete_through_gatewayctl() {
     );
     let events = described.split("Events:").nth(1).unwrap();
     assert!(
-        events.contains("ADDED") && events.contains("MODIFIED") && events.contains("RUNNING"),
+        events.contains("ADDED") && events.contains("MODIFIED") && events.contains("WRITTEN"),
         "{described}"
     );
     let completion = ok(ctl(&local.config, &["completion", "bash"]));
@@ -271,7 +277,7 @@ fn watch_prints_changes_as_they_happen() {
         let fields: Vec<String> = line.split_whitespace().map(String::from).collect();
         seen.push(line);
         if fields.get(2).is_some_and(|n| n == "watched")
-            && fields.get(3).is_some_and(|p| p == "RUNNING")
+            && fields.get(3).is_some_and(|p| p == "WRITTEN")
         {
             break;
         }

@@ -192,9 +192,9 @@ async fn a_reconciler_with_a_revoked_token_is_not_ready_and_resumes_with_a_new_o
     gantry_e2e::wait_for_gateway(
         &client,
         "edge",
-        "RUNNING",
+        "WRITTEN (directory target)",
         PATIENCE,
-        |g| g.status.as_ref().is_some_and(|s| s.phase() == Phase::Running),
+        |g| g.status.as_ref().is_some_and(|s| s.phase() == Phase::Written),
         || reconciler.logs(),
     )
     .await;

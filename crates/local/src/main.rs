@@ -147,7 +147,8 @@ async fn demo(server: String, token: String) -> anyhow::Result<()> {
             );
             last = Some(now);
         }
-        if status.phase() == Phase::Running && status.observed_generation == generation {
+        let settled = matches!(status.phase(), Phase::Running | Phase::Written);
+        if settled && status.observed_generation == generation {
             println!("demo: gateway {name} converged: {}", status.message);
             return Ok(());
         }

@@ -904,7 +904,7 @@ fn phase_name(phase: Phase) -> String {
 }
 
 /// Every phase, for the per-phase gauge.
-const ALL_PHASES: [Phase; 7] = [
+const ALL_PHASES: [Phase; 8] = [
     Phase::Unspecified,
     Phase::Pending,
     Phase::Provisioning,
@@ -912,6 +912,7 @@ const ALL_PHASES: [Phase; 7] = [
     Phase::Degraded,
     Phase::Failed,
     Phase::Deleting,
+    Phase::Written,
 ];
 
 #[cfg(test)]

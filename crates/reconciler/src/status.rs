@@ -11,8 +11,8 @@ use prost_types::Timestamp;
 /// What a target reports about a gateway's workload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Workload {
-    /// Written where nothing runs it (the directory target): ready by
-    /// definition, and the condition says so.
+    /// Written where nothing runs it (the directory target): phase
+    /// WRITTEN, Ready Unknown; nothing is observed, nothing is claimed.
     Written,
     /// Rolling out.
     Progressing { message: String },
@@ -48,6 +48,10 @@ pub const STATUS_PATHS: [&str; 10] = [
 pub const STEP_MANIFESTS: &str = "ManifestsApplied";
 pub const STEP_WORKLOAD: &str = "WorkloadAvailable";
 pub const STEP_ROUTE: &str = "RouteAdmitted";
+/// Reason of Ready (Unknown) for manifests written where nothing runs them.
+pub const NOT_OBSERVED: &str = "NotObserved";
+const WRITTEN_MESSAGE: &str =
+    "manifests written to the directory target; nothing runs them, so nothing is observed";
 /// Reason of a route that got no address within its deadline.
 pub const ROUTE_NOT_ADMITTED: &str = "RouteNotAdmitted";
 
@@ -75,18 +79,15 @@ pub fn applied(
 ) -> GatewayStatus {
     let (phase, ready, reconciling, stalled, workload_step, message) = match &observation.workload {
         Workload::Written => (
-            Phase::Running,
-            condition(
-                "Ready",
-                true,
-                "ManifestsWritten",
-                "manifests written to the directory target; nothing runs them here",
-                generation,
-            ),
+            Phase::Written,
+            Condition {
+                status: ConditionStatus::Unknown as i32,
+                ..condition("Ready", false, NOT_OBSERVED, WRITTEN_MESSAGE, generation)
+            },
             condition("Reconciling", false, "ManifestsWritten", "", generation),
             condition("Stalled", false, "ManifestsWritten", "", generation),
-            step(STEP_WORKLOAD, StepState::Complete, "directory target: no workload to wait for"),
-            "manifests written".to_string(),
+            step(STEP_WORKLOAD, StepState::Pending, WRITTEN_MESSAGE),
+            "manifests written; nothing runs or observes them (directory target)".to_string(),
         ),
         Workload::Available => (
             Phase::Running,
@@ -123,6 +124,7 @@ pub fn applied(
     if has_route {
         // Admitted only when an ingress controller published an address.
         let route = match &observation.workload {
+            Workload::Written => step(STEP_ROUTE, StepState::Pending, WRITTEN_MESSAGE),
             _ if !observation.route_address.is_empty() => {
                 step(STEP_ROUTE, StepState::Complete, &observation.route_address)
             }
@@ -254,11 +256,18 @@ mod tests {
         );
         assert_eq!(stuck.conditions[0].reason, "ProgressDeadlineExceeded");
         assert_eq!(stuck.provisioning.len(), 3);
-        let written = applied(1, "fp", &observation(Workload::Written), false);
+        // Written where nothing runs it: settled, nothing claimed.
+        let written = applied(1, "fp", &observation(Workload::Written), true);
+        assert_eq!(written.phase(), Phase::Written);
+        assert_eq!(written.observed_generation, 1);
+        let ready = &written.conditions[0];
         assert_eq!(
-            (written.phase(), written.conditions[0].reason.as_str()),
-            (Phase::Running, "ManifestsWritten")
+            (ready.r#type.as_str(), ready.status(), ready.reason.as_str()),
+            ("Ready", ConditionStatus::Unknown, NOT_OBSERVED)
         );
+        let states: Vec<StepState> = written.provisioning.iter().map(|s| s.state()).collect();
+        assert_eq!(states, [StepState::Complete, StepState::Pending, StepState::Pending]);
+        assert_eq!(written.route_address, "", "no address was observed");
     }
 
     #[test]

@@ -170,14 +170,8 @@ impl Target for DirectoryTarget {
             let current = tokio::fs::read_to_string(&path).await.ok();
             drifted |= current.as_deref() != Some(to_yaml(manifest)?.as_str());
         }
-        let route_address = rendered
-            .manifests
-            .iter()
-            .find(|m| m["kind"] == "Ingress")
-            .and_then(|i| i["spec"]["rules"][0]["host"].as_str())
-            .unwrap_or("")
-            .to_string();
-        Ok(Observation { workload: Workload::Written, route_address, drifted })
+        // Nothing admits a route here: no address is claimed.
+        Ok(Observation { workload: Workload::Written, route_address: String::new(), drifted })
     }
 
     async fn delete(&self, owner: &Owner) -> Result<bool, TargetError> {
