@@ -121,7 +121,10 @@ async fn call(
     let name = format!("g{case}");
     if rpc != Rpc::Create {
         admin
-            .create_gateway(CreateGatewayRequest { gateway: Some(gateway(&name, "gw:1")) })
+            .create_gateway(CreateGatewayRequest {
+                gateway: Some(gateway(&name, "gw:1")),
+                validate_only: false,
+            })
             .await
             .unwrap();
     }
@@ -130,7 +133,10 @@ async fn call(
     let answered = match rpc {
         Rpc::Create => code(
             client
-                .create_gateway(CreateGatewayRequest { gateway: Some(gateway(&name, "gw:1")) })
+                .create_gateway(CreateGatewayRequest {
+                    gateway: Some(gateway(&name, "gw:1")),
+                    validate_only: false,
+                })
                 .await
                 .map(drop),
         ),
@@ -142,6 +148,7 @@ async fn call(
                 .update_gateway(UpdateGatewayRequest {
                     gateway: Some(gateway(&format!("g{case}"), "gw:2")),
                     update_mask: Some(FieldMask { paths: vec!["spec".into()] }),
+                    validate_only: false,
                 })
                 .await
                 .map(drop),
@@ -168,6 +175,7 @@ async fn call(
                     .update_gateway(UpdateGatewayRequest {
                         gateway: Some(g),
                         update_mask: Some(FieldMask { paths: vec![path.into()] }),
+                        validate_only: false,
                     })
                     .await
                     .map(drop),
@@ -185,6 +193,7 @@ async fn call(
                     .update_gateway(UpdateGatewayRequest {
                         gateway: Some(g),
                         update_mask: Some(FieldMask { paths: vec!["status".into()] }),
+                        validate_only: false,
                     })
                     .await
                     .map(drop),

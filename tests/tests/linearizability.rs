@@ -54,7 +54,10 @@ async fn run(client: &mut GatewayClient, key: &str, call: &Call) -> Option<Answe
     let result = match call {
         Call::Create { image } => written(
             client
-                .create_gateway(CreateGatewayRequest { gateway: Some(gateway(key, image, 0)) })
+                .create_gateway(CreateGatewayRequest {
+                    gateway: Some(gateway(key, image, 0)),
+                    validate_only: false,
+                })
                 .await,
         ),
         Call::Update { image, precondition } => written(
@@ -62,6 +65,7 @@ async fn run(client: &mut GatewayClient, key: &str, call: &Call) -> Option<Answe
                 .update_gateway(UpdateGatewayRequest {
                     gateway: Some(gateway(key, image, *precondition)),
                     update_mask: Some(FieldMask { paths: vec!["spec".into()] }),
+                    validate_only: false,
                 })
                 .await,
         ),
@@ -76,6 +80,7 @@ async fn run(client: &mut GatewayClient, key: &str, call: &Call) -> Option<Answe
             .delete_gateway(DeleteGatewayRequest {
                 name: key.into(),
                 resource_version: *precondition,
+                validate_only: false,
             })
             .await
             .map(|_| Answer::Deleted),

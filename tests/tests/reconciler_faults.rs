@@ -102,7 +102,10 @@ async fn under_random_cluster_faults_gateways_converge_or_fail_truthfully() {
             spec: Some(spec(i, "ghcr.io/acme/gw:1")),
             status: None,
         };
-        client.create_gateway(CreateGatewayRequest { gateway: Some(g) }).await.unwrap();
+        client
+            .create_gateway(CreateGatewayRequest { gateway: Some(g), validate_only: false })
+            .await
+            .unwrap();
         if i.is_multiple_of(25) {
             kube.drop_watches();
         }
@@ -116,7 +119,11 @@ async fn under_random_cluster_faults_gateways_converge_or_fail_truthfully() {
         };
         let mask = Some(FieldMask { paths: vec!["spec".into()] });
         client
-            .update_gateway(UpdateGatewayRequest { gateway: Some(g), update_mask: mask })
+            .update_gateway(UpdateGatewayRequest {
+                gateway: Some(g),
+                update_mask: mask,
+                validate_only: false,
+            })
             .await
             .unwrap();
     }

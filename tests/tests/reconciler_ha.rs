@@ -161,7 +161,11 @@ async fn only_the_leader_reconciles_and_a_follower_takes_over() {
             status: None,
         };
         let mut c = client.clone();
-        async move { c.create_gateway(CreateGatewayRequest { gateway: Some(g) }).await.unwrap() }
+        async move {
+            c.create_gateway(CreateGatewayRequest { gateway: Some(g), validate_only: false })
+                .await
+                .unwrap()
+        }
     };
     for i in 0..5 {
         create(&format!("gw-{i}")).await;

@@ -151,7 +151,7 @@ impl Rig {
         };
         self.client
             .clone()
-            .create_gateway(CreateGatewayRequest { gateway: Some(g) })
+            .create_gateway(CreateGatewayRequest { gateway: Some(g), validate_only: false })
             .await
             .unwrap()
             .into_inner()
@@ -161,7 +161,11 @@ impl Rig {
         let mask = Some(FieldMask { paths: paths.iter().map(|p| p.to_string()).collect() });
         self.client
             .clone()
-            .update_gateway(UpdateGatewayRequest { gateway: Some(g), update_mask: mask })
+            .update_gateway(UpdateGatewayRequest {
+                gateway: Some(g),
+                update_mask: mask,
+                validate_only: false,
+            })
             .await
             .unwrap()
             .into_inner()
@@ -317,7 +321,11 @@ async fn a_gateway_converges_changes_and_is_deleted() {
     // Delete: owned objects go, then the finalizer, then the gateway.
     rig.client
         .clone()
-        .delete_gateway(DeleteGatewayRequest { name: "edge".into(), resource_version: 0 })
+        .delete_gateway(DeleteGatewayRequest {
+            name: "edge".into(),
+            resource_version: 0,
+            validate_only: false,
+        })
         .await
         .unwrap();
     let deadline = tokio::time::Instant::now() + PATIENCE;

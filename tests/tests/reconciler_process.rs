@@ -39,7 +39,10 @@ async fn client(store: &StoreProcess) -> GatewayClient {
 async fn create(client: &GatewayClient, name: &str, spec: GatewaySpec) {
     client
         .clone()
-        .create_gateway(CreateGatewayRequest { gateway: Some(gateway(name, spec)) })
+        .create_gateway(CreateGatewayRequest {
+            gateway: Some(gateway(name, spec)),
+            validate_only: false,
+        })
         .await
         .unwrap();
 }
@@ -51,6 +54,7 @@ async fn set_spec(client: &GatewayClient, name: &str, spec: GatewaySpec) {
         .update_gateway(UpdateGatewayRequest {
             gateway: Some(gateway(name, spec)),
             update_mask: mask,
+            validate_only: false,
         })
         .await
         .unwrap();
@@ -170,7 +174,11 @@ async fn the_directory_target_writes_whole_files_and_cleans_up() {
     );
 
     c.clone()
-        .delete_gateway(DeleteGatewayRequest { name: "edge".into(), resource_version: 0 })
+        .delete_gateway(DeleteGatewayRequest {
+            name: "edge".into(),
+            resource_version: 0,
+            validate_only: false,
+        })
         .await
         .unwrap();
     let deadline = tokio::time::Instant::now() + PATIENCE;

@@ -111,7 +111,7 @@ impl Rig {
         };
         self.client
             .clone()
-            .create_gateway(CreateGatewayRequest { gateway: Some(g) })
+            .create_gateway(CreateGatewayRequest { gateway: Some(g), validate_only: false })
             .await
             .unwrap();
     }
@@ -125,7 +125,11 @@ impl Rig {
         let mask = Some(FieldMask { paths: vec!["spec".into()] });
         self.client
             .clone()
-            .update_gateway(UpdateGatewayRequest { gateway: Some(g), update_mask: mask })
+            .update_gateway(UpdateGatewayRequest {
+                gateway: Some(g),
+                update_mask: mask,
+                validate_only: false,
+            })
             .await
             .unwrap();
     }
@@ -163,7 +167,11 @@ impl Rig {
     async fn delete(&self, name: &str) {
         self.client
             .clone()
-            .delete_gateway(DeleteGatewayRequest { name: name.into(), resource_version: 0 })
+            .delete_gateway(DeleteGatewayRequest {
+                name: name.into(),
+                resource_version: 0,
+                validate_only: false,
+            })
             .await
             .unwrap();
     }

@@ -73,7 +73,7 @@ fn image() -> GatewaySpec {
 }
 
 fn create(g: Gateway) -> Vec<u8> {
-    CreateGatewayRequest { gateway: Some(g) }.encode_to_vec()
+    CreateGatewayRequest { gateway: Some(g), validate_only: false }.encode_to_vec()
 }
 
 /// Replaces the first occurrence of `from` (same length) in `bytes`.
@@ -93,7 +93,10 @@ async fn hostile_requests_get_clear_errors_and_store_nothing() {
     let mut client =
         ClientConfig { endpoint: endpoint.clone(), ..Default::default() }.connect_lazy().unwrap();
     client
-        .create_gateway(CreateGatewayRequest { gateway: Some(gateway("kept", image())) })
+        .create_gateway(CreateGatewayRequest {
+            gateway: Some(gateway("kept", image())),
+            validate_only: false,
+        })
         .await
         .unwrap();
     let kept =
@@ -176,6 +179,7 @@ async fn hostile_requests_get_clear_errors_and_store_nothing() {
             UpdateGatewayRequest {
                 gateway: Some(unknown_phase),
                 update_mask: Some(prost_types::FieldMask { paths: vec!["status".into()] }),
+                validate_only: false,
             }
             .encode_to_vec(),
             Code::InvalidArgument,

@@ -92,7 +92,10 @@ async fn kill_and_restart_loses_nothing(database_url: &str, label: &str) {
                 let name = format!("w{w}-{i}");
                 loop {
                     match client
-                        .create_gateway(CreateGatewayRequest { gateway: Some(gateway(&name)) })
+                        .create_gateway(CreateGatewayRequest {
+                            gateway: Some(gateway(&name)),
+                            validate_only: false,
+                        })
                         .await
                     {
                         // ALREADY_EXISTS on a retry: the unacknowledged

@@ -46,7 +46,7 @@ const REFUSING: u8 = 1;
 
 async fn create(client: &mut GatewayClient, name: &str) -> Result<(), Code> {
     client
-        .create_gateway(CreateGatewayRequest { gateway: Some(gateway(name)) })
+        .create_gateway(CreateGatewayRequest { gateway: Some(gateway(name)), validate_only: false })
         .await
         .map(drop)
         .map_err(|s| s.code())

@@ -68,7 +68,10 @@ async fn a_flood_is_shed_and_a_well_behaved_client_still_gets_answers() {
     let mut setup = gantry_client::connect(&config).await.unwrap();
     for i in 0..200 {
         let g = gateway(&format!("g{i:03}"));
-        setup.create_gateway(CreateGatewayRequest { gateway: Some(g) }).await.unwrap();
+        setup
+            .create_gateway(CreateGatewayRequest { gateway: Some(g), validate_only: false })
+            .await
+            .unwrap();
     }
     // (connections, callers on each): full-page lists back to back.
     for (connections, callers) in [(4, 64), (16, 16)] {
@@ -211,7 +214,10 @@ async fn a_call_stuck_on_the_database_ends_at_the_request_timeout() {
     let started = std::time::Instant::now();
     let stuck = tokio::time::timeout(
         Duration::from_secs(20),
-        client.create_gateway(CreateGatewayRequest { gateway: Some(gateway("stuck")) }),
+        client.create_gateway(CreateGatewayRequest {
+            gateway: Some(gateway("stuck")),
+            validate_only: false,
+        }),
     )
     .await
     .expect("the call hung past the request timeout")
@@ -226,8 +232,12 @@ async fn a_call_stuck_on_the_database_ends_at_the_request_timeout() {
     drop(locker);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let created =
-            client.create_gateway(CreateGatewayRequest { gateway: Some(gateway("after")) }).await;
+        let created = client
+            .create_gateway(CreateGatewayRequest {
+                gateway: Some(gateway("after")),
+                validate_only: false,
+            })
+            .await;
         match created {
             Ok(_) => break,
             // The timed-out write may still be ahead in the writer's queue.
@@ -315,7 +325,13 @@ async fn idle_connections_past_the_limits_neither_stop_nor_spin_the_store() {
         };
         let config = ClientConfig { endpoint: store.endpoint(), ..Default::default() };
         let mut polite = gantry_client::connect(&config).await.unwrap();
-        polite.create_gateway(CreateGatewayRequest { gateway: Some(gateway("g")) }).await.unwrap();
+        polite
+            .create_gateway(CreateGatewayRequest {
+                gateway: Some(gateway("g")),
+                validate_only: false,
+            })
+            .await
+            .unwrap();
 
         let flood = idle_sockets(&store, 300).await;
         let pid = store.pid().unwrap();
@@ -365,7 +381,10 @@ async fn idle_connections_close_but_an_open_watch_is_not_idle() {
     use tokio_stream::StreamExt as _;
     let (dir, _, store, config) = sqlite_store("idle", &["--idle-timeout", "1s"]);
     let mut client = gantry_client::connect(&config).await.unwrap();
-    client.create_gateway(CreateGatewayRequest { gateway: Some(gateway("g")) }).await.unwrap();
+    client
+        .create_gateway(CreateGatewayRequest { gateway: Some(gateway("g")), validate_only: false })
+        .await
+        .unwrap();
     let mut watcher = gantry_client::connect(&config).await.unwrap();
     let request = WatchGatewaysRequest { resource_version: 0, ..Default::default() };
     let mut watch = watcher.watch_gateways(request).await.unwrap().into_inner();
@@ -379,7 +398,10 @@ async fn idle_connections_close_but_an_open_watch_is_not_idle() {
     client.get_gateway(GetGatewayRequest { name: "g".into() }).await.unwrap();
     // The watch, open for longer than the idle timeout, still delivers.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    client.create_gateway(CreateGatewayRequest { gateway: Some(gateway("h")) }).await.unwrap();
+    client
+        .create_gateway(CreateGatewayRequest { gateway: Some(gateway("h")), validate_only: false })
+        .await
+        .unwrap();
     let event = tokio::time::timeout(Duration::from_secs(10), watch.next())
         .await
         .expect("the watch delivered nothing")
@@ -406,7 +428,13 @@ async fn a_connection_whose_only_call_is_a_watch_stays_open() {
     // delivers after it.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let mut client = gantry_client::connect(&config).await.unwrap();
-    client.create_gateway(CreateGatewayRequest { gateway: Some(gateway("late")) }).await.unwrap();
+    client
+        .create_gateway(CreateGatewayRequest {
+            gateway: Some(gateway("late")),
+            validate_only: false,
+        })
+        .await
+        .unwrap();
     let name = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             let event = watch.next().await.expect("the watch ended").expect("the watch failed");
@@ -475,9 +503,12 @@ async fn watch_attack(store: &StoreProcess, config: &ClientConfig, label: &str) 
         g
     };
     for i in 0..80 {
-        c.create_gateway(CreateGatewayRequest { gateway: Some(big(&format!("g{i:02}"), "gw:1")) })
-            .await
-            .unwrap();
+        c.create_gateway(CreateGatewayRequest {
+            gateway: Some(big(&format!("g{i:02}"), "gw:1")),
+            validate_only: false,
+        })
+        .await
+        .unwrap();
     }
     let before = rss_bytes(pid);
 
@@ -510,6 +541,7 @@ async fn watch_attack(store: &StoreProcess, config: &ClientConfig, label: &str) 
             .update_gateway(gantry_api::v1::UpdateGatewayRequest {
                 gateway: Some(g),
                 update_mask: mask,
+                validate_only: false,
             })
             .await
             .unwrap()
@@ -554,8 +586,10 @@ async fn an_update_of_unknown_outcome_is_resolved_by_reading_back_and_applied_on
     use sqlx::Connection;
     let (dir, url, store, config) = sqlite_store("unknown-outcome", &["--request-timeout", "1s"]);
     let mut client = gantry_client::connect(&config).await.unwrap();
-    let created =
-        client.create_gateway(CreateGatewayRequest { gateway: Some(gateway("g")) }).await.unwrap();
+    let created = client
+        .create_gateway(CreateGatewayRequest { gateway: Some(gateway("g")), validate_only: false })
+        .await
+        .unwrap();
     let created = created.into_inner().metadata.unwrap();
 
     let mut locker = sqlx::SqliteConnection::connect(&url).await.unwrap();
@@ -570,6 +604,7 @@ async fn an_update_of_unknown_outcome_is_resolved_by_reading_back_and_applied_on
     let request = gantry_api::v1::UpdateGatewayRequest {
         gateway: Some(change),
         update_mask: Some(prost_types::FieldMask { paths: vec!["spec".into()] }),
+        validate_only: false,
     };
     let answer = gantry_client::write::update_gateway(&mut client, request).await;
     release.await.unwrap();

@@ -124,6 +124,7 @@ async fn refusals_are_logged_with_the_peer_and_subject_and_rate_limited() {
                 metadata: Some(ObjectMeta { name: "edge".into(), ..Default::default() }),
                 ..Default::default()
             }),
+            validate_only: false,
         })
         .await
         .unwrap_err();

@@ -45,7 +45,10 @@ async fn two_store_processes_share_one_history() {
     for i in 0..60 {
         let client = if i < 30 || i % 2 == 0 { &mut ca } else { &mut cb };
         let g = client
-            .create_gateway(CreateGatewayRequest { gateway: Some(gateway(&format!("gw-{i}"))) })
+            .create_gateway(CreateGatewayRequest {
+                gateway: Some(gateway(&format!("gw-{i}"))),
+                validate_only: false,
+            })
             .await;
         acked.push(g.unwrap().into_inner().metadata.unwrap().resource_version);
     }

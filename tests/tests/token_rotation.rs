@@ -182,7 +182,10 @@ async fn a_reconciler_with_a_revoked_token_is_not_ready_and_resumes_with_a_new_o
         spec: Some(GatewaySpec { image: "ghcr.io/acme/gateway:1".into(), ..Default::default() }),
         status: None,
     };
-    client.create_gateway(CreateGatewayRequest { gateway: Some(g) }).await.unwrap();
+    client
+        .create_gateway(CreateGatewayRequest { gateway: Some(g), validate_only: false })
+        .await
+        .unwrap();
     replace(
         &store_file,
         &tokens(&[format!("{ADMIN},root,admin"), format!("{NEW},gateway-reconciler,reconciler")]),

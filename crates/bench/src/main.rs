@@ -128,7 +128,11 @@ fn gateway(name: &str, image: &str, config: &[(&str, String)]) -> Gateway {
 async fn update_spec(client: &mut GatewayClient, g: Gateway) -> Result<Gateway, tonic::Status> {
     let mask = Some(prost_types::FieldMask { paths: vec!["spec".into()] });
     client
-        .update_gateway(UpdateGatewayRequest { gateway: Some(g), update_mask: mask })
+        .update_gateway(UpdateGatewayRequest {
+            gateway: Some(g),
+            update_mask: mask,
+            validate_only: false,
+        })
         .await
         .map(|r| r.into_inner())
 }
@@ -159,7 +163,9 @@ async fn create_gateways(store: &Store, prefix: &str, count: usize) -> anyhow::R
                 }
                 let mut g = gateway(&format!("{prefix}-{i:06}"), "ghcr.io/acme/gateway:1.0", &[]);
                 g.metadata.as_mut().map(|m| m.labels.insert("team".into(), format!("t{}", i % 10)));
-                client.create_gateway(CreateGatewayRequest { gateway: Some(g) }).await?;
+                client
+                    .create_gateway(CreateGatewayRequest { gateway: Some(g), validate_only: false })
+                    .await?;
             }
         }));
     }
@@ -175,7 +181,10 @@ async fn read(args: &Args, config_bytes: usize, samples: usize) -> anyhow::Resul
     let mut client = store.client()?;
     let config = [("blob", "x".repeat(config_bytes))];
     let stored = client
-        .create_gateway(CreateGatewayRequest { gateway: Some(gateway("r", "gw:1", &config)) })
+        .create_gateway(CreateGatewayRequest {
+            gateway: Some(gateway("r", "gw:1", &config)),
+            validate_only: false,
+        })
         .await?
         .into_inner();
     let size = prost::Message::encoded_len(&stored);
@@ -265,7 +274,10 @@ impl Server {
     async fn create(&self, key: &str) -> anyhow::Result<()> {
         if let Server::Gantry(s) = self {
             s.client()?
-                .create_gateway(CreateGatewayRequest { gateway: Some(gateway(key, "gw:0", &[])) })
+                .create_gateway(CreateGatewayRequest {
+                    gateway: Some(gateway(key, "gw:0", &[])),
+                    validate_only: false,
+                })
                 .await?;
         }
         Ok(())
@@ -734,6 +746,7 @@ async fn converge(
                 client
                     .create_gateway(CreateGatewayRequest {
                         gateway: Some(gateway(&format!("burst{b}-{i:06}"), "gw:1", &[])),
+                        validate_only: false,
                     })
                     .await
             }));

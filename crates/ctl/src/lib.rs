@@ -238,7 +238,11 @@ impl Ctl {
         let mask = Some(FieldMask { paths: paths.iter().map(|p| p.to_string()).collect() });
         self.client
             .clone()
-            .update_gateway(UpdateGatewayRequest { gateway: Some(gateway), update_mask: mask })
+            .update_gateway(UpdateGatewayRequest {
+                gateway: Some(gateway),
+                update_mask: mask,
+                validate_only: false,
+            })
             .await
             .map(|r| r.into_inner())
             .map_err(|s| self.fail(s))
@@ -249,7 +253,10 @@ impl Ctl {
     pub async fn create(&self, doc: &GatewayDoc) -> Result<String, CtlError> {
         self.client
             .clone()
-            .create_gateway(CreateGatewayRequest { gateway: Some(doc.to_proto()) })
+            .create_gateway(CreateGatewayRequest {
+                gateway: Some(doc.to_proto()),
+                validate_only: false,
+            })
             .await
             .map_err(|s| self.fail(s))?;
         Ok(format!("gateway/{} created", doc.metadata.name))
@@ -264,7 +271,10 @@ impl Ctl {
             None => {
                 self.client
                     .clone()
-                    .create_gateway(CreateGatewayRequest { gateway: Some(wanted) })
+                    .create_gateway(CreateGatewayRequest {
+                        gateway: Some(wanted),
+                        validate_only: false,
+                    })
                     .await
                     .map_err(|s| self.fail(s))?;
                 "created"
@@ -418,7 +428,11 @@ impl Ctl {
     pub async fn delete(&self, name: &str) -> Result<String, CtlError> {
         self.client
             .clone()
-            .delete_gateway(DeleteGatewayRequest { name: name.into(), resource_version: 0 })
+            .delete_gateway(DeleteGatewayRequest {
+                name: name.into(),
+                resource_version: 0,
+                validate_only: false,
+            })
             .await
             .map_err(|s| self.fail(s))?;
         Ok(format!("gateway/{name} deleted"))

@@ -125,7 +125,10 @@ async fn demo(server: String, token: String) -> anyhow::Result<()> {
     if !exists {
         client
             .clone()
-            .create_gateway(CreateGatewayRequest { gateway: Some(docs[0].to_proto()) })
+            .create_gateway(CreateGatewayRequest {
+                gateway: Some(docs[0].to_proto()),
+                validate_only: false,
+            })
             .await?;
         println!("demo: created gateway {name} from examples/minimal.yaml");
     }

@@ -57,6 +57,7 @@ impl GatewayStore for GrpcStore {
         let request = UpdateGatewayRequest {
             gateway: Some(gateway),
             update_mask: Some(FieldMask { paths: paths.iter().map(|p| p.to_string()).collect() }),
+            validate_only: false,
         };
         // Status writes are conditional: an unknown outcome is resolved by
         // reading back, never applied twice.

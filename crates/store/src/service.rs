@@ -166,7 +166,9 @@ impl GatewayApi {
 
     async fn create(&self, request: Request<CreateGatewayRequest>) -> Result<Gateway, Status> {
         let principal = self.authenticate(&request)?;
-        let gateway = request.into_inner().gateway.ok_or_else(|| invalid("gateway", "required"))?;
+        let request = request.into_inner();
+        let dry_run = request.validate_only;
+        let gateway = request.gateway.ok_or_else(|| invalid("gateway", "required"))?;
         let name = gateway.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
         validation::validate_new_name("gateway.metadata.name", &name)
             .map_err(|e| rule_status(&e))?;
@@ -177,10 +179,13 @@ impl GatewayApi {
             .mutate(
                 &name,
                 Box::new(move |existing| lifecycle::create(existing, gateway, role, uid, now)),
+                dry_run,
             )
             .await
             .map_err(storage_status)?;
-        tracing::info!(gateway = %name, subject = %principal.subject, "created");
+        if !dry_run {
+            tracing::info!(gateway = %name, subject = %principal.subject, "created");
+        }
         Ok(committed.gateway)
     }
 
@@ -264,7 +269,8 @@ impl GatewayApi {
         let name = gateway.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default();
         validation::validate_name("gateway.metadata.name", &name).map_err(|e| rule_status(&e))?;
         let paths = request.update_mask.map(|m| m.paths).unwrap_or_default();
-        let (role, now, target) = (principal.role, now(), name.clone());
+        let (role, now, target, dry_run) =
+            (principal.role, now(), name.clone(), request.validate_only);
         let committed = self
             .writer
             .mutate(
@@ -273,6 +279,7 @@ impl GatewayApi {
                     None => Err(RuleError::NotFound(target)),
                     Some(current) => lifecycle::update(current, &gateway, &paths, role, now),
                 }),
+                dry_run,
             )
             .await
             .map_err(storage_status)?;
@@ -296,10 +303,13 @@ impl GatewayApi {
                     None => Err(RuleError::NotFound(target)),
                     Some(current) => lifecycle::delete(current, rv, role, now),
                 }),
+                request.validate_only,
             )
             .await
             .map_err(storage_status)?;
-        tracing::info!(gateway = %request.name, subject = %principal.subject, "delete requested");
+        if !request.validate_only {
+            tracing::info!(gateway = %request.name, subject = %principal.subject, "delete requested");
+        }
         Ok(committed.gateway)
     }
 }

@@ -45,10 +45,18 @@ impl Writer {
     }
 
     /// Runs `mutation` on the row `name` in the next batch; answers after
-    /// the batch committed.
-    pub async fn mutate(&self, name: &str, mutation: Mutation) -> Result<Committed, StorageError> {
+    /// the batch committed. With `dry_run`, answers its outcome and stores
+    /// nothing (it runs in a batch all the same, so it sees the writes
+    /// queued before it, as a real write would).
+    pub async fn mutate(
+        &self,
+        name: &str,
+        mutation: Mutation,
+        dry_run: bool,
+    ) -> Result<Committed, StorageError> {
         let (reply, answer) = oneshot::channel();
-        let job = Job { write: PendingWrite { name: name.to_string(), mutation }, reply };
+        let write = PendingWrite { name: name.to_string(), mutation, dry_run };
+        let job = Job { write, reply };
         let stopped = || StorageError::NotCommitted("the store is shutting down".into());
         self.queue.send(job).await.map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?

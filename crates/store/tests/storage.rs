@@ -18,6 +18,7 @@ fn create_write(name: &str) -> PendingWrite {
         mutation: Box::new(move |existing| {
             lifecycle::create(existing, request, Role::Editor, "uid".into(), Timestamp::default())
         }),
+        dry_run: false,
     }
 }
 
@@ -25,6 +26,7 @@ fn rejected(name: &str) -> PendingWrite {
     PendingWrite {
         name: name.into(),
         mutation: Box::new(|_| Err(RuleError::invalid("gateway.spec", "no"))),
+        dry_run: false,
     }
 }
 
@@ -36,6 +38,7 @@ fn unchanged(name: &str) -> PendingWrite {
             Some(g) => Ok(Write::Unchanged(g.clone())),
             None => Err(RuleError::NotFound(name_owned)),
         }),
+        dry_run: false,
     }
 }
 
@@ -191,6 +194,7 @@ async fn sqlite_a_committed_batch_of_every_kind_of_change_logs_no_error() {
                         Timestamp::default(),
                     )
                 }),
+                dry_run: false,
             },
             PendingWrite {
                 name: "b".into(),
@@ -198,6 +202,7 @@ async fn sqlite_a_committed_batch_of_every_kind_of_change_logs_no_error() {
                     let rv = b.metadata.as_ref().unwrap().resource_version;
                     lifecycle::delete(current.unwrap(), rv, Role::Editor, Timestamp::default())
                 }),
+                dry_run: false,
             },
         ])
         .await

@@ -17,7 +17,11 @@ use tonic_types::StatusExt;
 async fn update(client: &mut Client, g: Gateway, paths: &[&str]) -> Result<Gateway, Status> {
     let update_mask = Some(FieldMask { paths: paths.iter().map(|p| p.to_string()).collect() });
     client
-        .update_gateway(UpdateGatewayRequest { gateway: Some(g), update_mask })
+        .update_gateway(UpdateGatewayRequest {
+            gateway: Some(g),
+            update_mask,
+            validate_only: false,
+        })
         .await
         .map(|r| r.into_inner())
 }
@@ -75,6 +79,7 @@ async fn create_starts_unconverged_and_the_row_holds_zero(store: &TestStore) {
     let again = c
         .create_gateway(gantry_api::v1::CreateGatewayRequest {
             gateway: Some(gateway("edge", "gw")),
+            validate_only: false,
         })
         .await;
     assert_eq!(again.unwrap_err().code(), Code::AlreadyExists);
@@ -206,6 +211,7 @@ async fn stale_resource_version_is_aborted(store: &TestStore) {
     let stale_delete = DeleteGatewayRequest {
         name: "edge".into(),
         resource_version: meta(&created).resource_version,
+        validate_only: false,
     };
     assert_eq!(c.delete_gateway(stale_delete).await.unwrap_err().code(), Code::Aborted);
 }
@@ -345,7 +351,11 @@ async fn delete_waits_for_finalizers(store: &TestStore) {
     update(&mut reconciler, claim, &["metadata.finalizers"]).await.unwrap();
 
     let deleting = editor
-        .delete_gateway(DeleteGatewayRequest { name: "edge".into(), resource_version: 0 })
+        .delete_gateway(DeleteGatewayRequest {
+            name: "edge".into(),
+            resource_version: 0,
+            validate_only: false,
+        })
         .await
         .unwrap()
         .into_inner();
@@ -363,12 +373,20 @@ async fn delete_waits_for_finalizers(store: &TestStore) {
 
     create(&mut editor, gateway("plain", "gw:1")).await;
     editor
-        .delete_gateway(DeleteGatewayRequest { name: "plain".into(), resource_version: 0 })
+        .delete_gateway(DeleteGatewayRequest {
+            name: "plain".into(),
+            resource_version: 0,
+            validate_only: false,
+        })
         .await
         .unwrap();
     assert_eq!(get(&mut editor, "plain").await.unwrap_err().code(), Code::NotFound);
     let err = editor
-        .delete_gateway(DeleteGatewayRequest { name: "plain".into(), resource_version: 0 })
+        .delete_gateway(DeleteGatewayRequest {
+            name: "plain".into(),
+            resource_version: 0,
+            validate_only: false,
+        })
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
@@ -553,14 +571,22 @@ async fn invalid_requests_name_the_field(store: &TestStore) {
     ];
     for (g, field) in cases {
         let err = c
-            .create_gateway(gantry_api::v1::CreateGatewayRequest { gateway: Some(g) })
+            .create_gateway(gantry_api::v1::CreateGatewayRequest {
+                gateway: Some(g),
+                validate_only: false,
+            })
             .await
             .unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument, "{field}: {err:?}");
         assert_eq!(field_of(&err).as_deref(), Some(field), "{err:?}");
     }
-    let err =
-        c.create_gateway(gantry_api::v1::CreateGatewayRequest { gateway: None }).await.unwrap_err();
+    let err = c
+        .create_gateway(gantry_api::v1::CreateGatewayRequest {
+            gateway: None,
+            validate_only: false,
+        })
+        .await
+        .unwrap_err();
     assert_eq!(field_of(&err).as_deref(), Some("gateway"));
 
     create(&mut c, gateway("edge", "gw:1")).await;
@@ -586,6 +612,7 @@ async fn invalid_requests_name_the_field(store: &TestStore) {
     let err = c
         .create_gateway(gantry_api::v1::CreateGatewayRequest {
             gateway: Some(Gateway { spec: Some(huge), ..gateway("big", "") }),
+            validate_only: false,
         })
         .await
         .unwrap_err();
@@ -604,6 +631,7 @@ async fn calls_without_a_valid_token_are_unauthenticated(store: &TestStore) {
         let err = c
             .create_gateway(gantry_api::v1::CreateGatewayRequest {
                 gateway: Some(gateway("edge", "gw")),
+                validate_only: false,
             })
             .await
             .unwrap_err();
@@ -615,6 +643,7 @@ async fn calls_without_a_valid_token_are_unauthenticated(store: &TestStore) {
     let err = viewer
         .create_gateway(gantry_api::v1::CreateGatewayRequest {
             gateway: Some(gateway("edge", "gw")),
+            validate_only: false,
         })
         .await
         .unwrap_err();
@@ -800,7 +829,113 @@ async fn the_failure_record_round_trips_through_the_store(store: &TestStore) {
     assert_eq!(field_of(&refused).as_deref(), Some("gateway.status.failed_inputs"));
 }
 
+/// The store revision, as a list reports it.
+async fn revision(client: &mut Client) -> i64 {
+    let request = ListGatewaysRequest { page_size: 1, ..Default::default() };
+    client.list_gateways(request).await.unwrap().into_inner().resource_version
+}
+
+/// The code, message and details of a refusal: what a dry run must answer
+/// exactly as the real write does.
+fn refusal(result: Result<tonic::Response<Gateway>, Status>) -> (Code, String, Option<String>) {
+    let status = result.unwrap_err();
+    (status.code(), status.message().to_string(), field_of(&status))
+}
+
+async fn validate_only_runs_every_rule_and_stores_nothing(store: &TestStore) {
+    use gantry_api::v1::CreateGatewayRequest;
+    let mut c = store.client(EDITOR).await;
+    let existing = create(&mut c, gateway("edge", "ghcr.io/acme/gw:1.0")).await;
+    let (at, events) = (revision(&mut c).await, store.event_revisions().await);
+    let unchanged = |c: &mut Client| {
+        let mut c = c.clone();
+        async move { (revision(&mut c).await, get(&mut c, "edge").await.unwrap()) }
+    };
+
+    // Create: the would-be object, and nothing stored.
+    let dry = |g: Gateway| CreateGatewayRequest { gateway: Some(g), validate_only: true };
+    let would = c.create_gateway(dry(gateway("tail", "ghcr.io/acme/gw:2"))).await.unwrap();
+    let would = would.into_inner();
+    assert_eq!((meta(&would).name.as_str(), meta(&would).generation), ("tail", 1));
+    assert_eq!(meta(&would).resource_version, 0, "no revision spent");
+    assert_eq!(would.status.as_ref().unwrap().phase(), Phase::Pending);
+    assert_eq!(get(&mut c, "tail").await.unwrap_err().code(), Code::NotFound);
+
+    // The same refusals as a real create.
+    let bad = gateway("bad", "Not An Image");
+    for (g, code) in [
+        (gateway("edge", "ghcr.io/acme/gw:1.0"), Code::AlreadyExists),
+        (bad, Code::InvalidArgument),
+    ] {
+        let real = refusal(
+            c.create_gateway(CreateGatewayRequest {
+                gateway: Some(g.clone()),
+                validate_only: false,
+            })
+            .await,
+        );
+        let dry_run = refusal(c.create_gateway(dry(g)).await);
+        assert_eq!(dry_run, real);
+        assert_eq!(real.0, code);
+    }
+    let mut viewer = store.client(VIEWER).await;
+    let real = refusal(
+        viewer
+            .create_gateway(CreateGatewayRequest {
+                gateway: Some(gateway("v", "ghcr.io/a/b:1")),
+                validate_only: false,
+            })
+            .await,
+    );
+    assert_eq!(refusal(viewer.create_gateway(dry(gateway("v", "ghcr.io/a/b:1"))).await), real);
+    assert_eq!(real.0, Code::PermissionDenied);
+
+    // Update: the would-be spec and generation; the stored one stays.
+    let mut changed = existing.clone();
+    changed.spec.as_mut().unwrap().image = "ghcr.io/acme/gw:1.1".into();
+    let mask = || Some(FieldMask { paths: vec!["spec".into()] });
+    let request = |g: Gateway, validate_only| UpdateGatewayRequest {
+        gateway: Some(g),
+        update_mask: mask(),
+        validate_only,
+    };
+    let would = c.update_gateway(request(changed.clone(), true)).await.unwrap().into_inner();
+    assert_eq!(would.spec.as_ref().unwrap().image, "ghcr.io/acme/gw:1.1");
+    assert_eq!(meta(&would).generation, 2);
+    assert_eq!(meta(&would).resource_version, meta(&existing).resource_version);
+    let mut stale = changed.clone();
+    stale.metadata.as_mut().unwrap().resource_version = 1;
+    let real = refusal(c.update_gateway(request(stale.clone(), false)).await);
+    assert_eq!(refusal(c.update_gateway(request(stale, true)).await), real);
+    assert_eq!(real.0, Code::Aborted);
+
+    // Delete: the would-be deletion; the gateway stays as it was.
+    let delete = |validate_only| DeleteGatewayRequest {
+        name: "edge".into(),
+        resource_version: 0,
+        validate_only,
+    };
+    let would = c.delete_gateway(delete(true)).await.unwrap().into_inner();
+    assert!(meta(&would).delete_time.is_some(), "{would:?}");
+    let missing = |validate_only| DeleteGatewayRequest {
+        name: "nobody".into(),
+        resource_version: 0,
+        validate_only,
+    };
+    let real = refusal(c.delete_gateway(missing(false)).await);
+    assert_eq!(refusal(c.delete_gateway(missing(true)).await), real);
+    assert_eq!(real.0, Code::NotFound);
+
+    assert_eq!(unchanged(&mut c).await, (at, existing.clone()), "a dry run changed the store");
+    assert_eq!(store.event_revisions().await, events, "a dry run wrote an event");
+    // The next real write takes the very next revision: none was spent.
+    let real = c.update_gateway(request(changed, false)).await.unwrap().into_inner();
+    assert_eq!(meta(&real).resource_version, at + 1);
+    assert_eq!(meta(&real).generation, 2);
+}
+
 on_both_backends!(
+    validate_only_runs_every_rule_and_stores_nothing,
     the_failure_record_round_trips_through_the_store,
     create_starts_unconverged_and_the_row_holds_zero,
     spec_change_advances_generation_by_one,

@@ -27,10 +27,14 @@ const PATIENCE: Duration = Duration::from_secs(60);
 async fn set_image(c: &mut Client, name: &str, image: &str) -> Gateway {
     let g = gateway(name, image);
     let mask = Some(FieldMask { paths: vec!["spec".into()] });
-    c.update_gateway(UpdateGatewayRequest { gateway: Some(g), update_mask: mask })
-        .await
-        .unwrap()
-        .into_inner()
+    c.update_gateway(UpdateGatewayRequest {
+        gateway: Some(g),
+        update_mask: mask,
+        validate_only: false,
+    })
+    .await
+    .unwrap()
+    .into_inner()
 }
 
 async fn set_labels(c: &mut Client, name: &str, labels: &[(&str, &str)]) -> Gateway {
@@ -38,10 +42,14 @@ async fn set_labels(c: &mut Client, name: &str, labels: &[(&str, &str)]) -> Gate
     g.metadata.as_mut().unwrap().labels =
         labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
     let mask = Some(FieldMask { paths: vec!["metadata.labels".into()] });
-    c.update_gateway(UpdateGatewayRequest { gateway: Some(g), update_mask: mask })
-        .await
-        .unwrap()
-        .into_inner()
+    c.update_gateway(UpdateGatewayRequest {
+        gateway: Some(g),
+        update_mask: mask,
+        validate_only: false,
+    })
+    .await
+    .unwrap()
+    .into_inner()
 }
 
 async fn listed_revision(c: &mut Client) -> i64 {
@@ -277,9 +285,19 @@ async fn selectors_and_names_filter_on_the_server(store: &TestStore) {
     set_labels(&mut c, "x", &[("env", "dev")]).await; // leaves: DELETED
     set_labels(&mut c, "y", &[("env", "prod")]).await; // enters: ADDED
     set_image(&mut c, "y", "gw:2").await; // MODIFIED
-    c.delete_gateway(DeleteGatewayRequest { name: "y".into(), resource_version: 0 }).await.unwrap(); // DELETED
+    c.delete_gateway(DeleteGatewayRequest {
+        name: "y".into(),
+        resource_version: 0,
+        validate_only: false,
+    })
+    .await
+    .unwrap(); // DELETED
     let last = c
-        .delete_gateway(DeleteGatewayRequest { name: "x".into(), resource_version: 0 })
+        .delete_gateway(DeleteGatewayRequest {
+            name: "x".into(),
+            resource_version: 0,
+            validate_only: false,
+        })
         .await
         .unwrap()
         .into_inner();
@@ -357,7 +375,11 @@ async fn compacted_revisions_are_out_of_range_and_the_client_relists(store: &Tes
         g.spec.as_mut().unwrap().config.insert("blob".into(), "x".repeat(200 * 1024));
         let mask = Some(FieldMask { paths: vec!["spec".into()] });
         last = c
-            .update_gateway(UpdateGatewayRequest { gateway: Some(g), update_mask: mask })
+            .update_gateway(UpdateGatewayRequest {
+                gateway: Some(g),
+                update_mask: mask,
+                validate_only: false,
+            })
             .await
             .unwrap()
             .into_inner();
@@ -417,7 +439,11 @@ async fn a_stalled_subscriber_is_ended_and_does_not_slow_others(store: &TestStor
                 g.spec.as_mut().unwrap().config.insert("blob".into(), "x".repeat(16 * 1024));
                 let mask = Some(FieldMask { paths: vec!["spec".into()] });
                 let g = c
-                    .update_gateway(UpdateGatewayRequest { gateway: Some(g), update_mask: mask })
+                    .update_gateway(UpdateGatewayRequest {
+                        gateway: Some(g),
+                        update_mask: mask,
+                        validate_only: false,
+                    })
                     .await
                     .unwrap()
                     .into_inner();
@@ -569,7 +595,11 @@ async fn a_paged_list_is_a_snapshot_and_the_watch_from_it_completes_it(store: &T
                 let mask = Some(FieldMask { paths: vec!["spec".into()] });
                 let g = sized_gateway(&owned, &format!("gw:{i}"));
                 client
-                    .update_gateway(UpdateGatewayRequest { gateway: Some(g), update_mask: mask })
+                    .update_gateway(UpdateGatewayRequest {
+                        gateway: Some(g),
+                        update_mask: mask,
+                        validate_only: false,
+                    })
                     .await
                     .unwrap();
                 match i % 3 {
@@ -580,7 +610,11 @@ async fn a_paged_list_is_a_snapshot_and_the_watch_from_it_completes_it(store: &T
                     1 if i > 6 => {
                         let name = format!("new-{w}-{:04}", i - 4);
                         client
-                            .delete_gateway(DeleteGatewayRequest { name, resource_version: 0 })
+                            .delete_gateway(DeleteGatewayRequest {
+                                name,
+                                resource_version: 0,
+                                validate_only: false,
+                            })
                             .await
                             .unwrap();
                     }
@@ -780,9 +814,13 @@ async fn the_client_helper_delivers_its_list_page_by_page(store: &TestStore) {
     assert!(matches!(next().await, WatchUpdate::Init { .. }));
     let WatchUpdate::InitPage { gateways, .. } = next().await else { panic!("a page") };
     cache.extend(gateways.iter().map(|g| meta(g).name.clone()));
-    c.delete_gateway(DeleteGatewayRequest { name: "gw-9".into(), resource_version: 0 })
-        .await
-        .unwrap();
+    c.delete_gateway(DeleteGatewayRequest {
+        name: "gw-9".into(),
+        resource_version: 0,
+        validate_only: false,
+    })
+    .await
+    .unwrap();
     let raced = meta(&create(&mut c, gateway("gw-raced", "gw:0")).await).resource_version;
     let mut listed_at = None;
     loop {

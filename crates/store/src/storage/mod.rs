@@ -29,6 +29,9 @@ pub type Mutation = Box<dyn FnOnce(Option<&Gateway>) -> Result<Write, RuleError>
 pub struct PendingWrite {
     pub name: String,
     pub mutation: Mutation,
+    /// Validate only: the rule runs on the batch's view of the row and its
+    /// outcome is answered, but nothing is stored and no revision spent.
+    pub dry_run: bool,
 }
 
 impl std::fmt::Debug for PendingWrite {
@@ -376,7 +379,7 @@ pub(crate) fn plan_batch(
     let mut results = Vec::with_capacity(writes.len());
     let mut events: Vec<EventRow> = Vec::new();
     let mut revision = base;
-    for PendingWrite { name, mutation } in writes {
+    for PendingWrite { name, mutation, dry_run } in writes {
         let state = match last_change.get(&name) {
             Some(&i) => {
                 let row = &events[i];
@@ -399,6 +402,13 @@ pub(crate) fn plan_batch(
                 continue;
             }
             Ok(Write::Unchanged(gateway)) => {
+                results.push(Ok(Committed { gateway, event: None }));
+                continue;
+            }
+            Ok(Write::Put(mut gateway) | Write::Remove(mut gateway)) if dry_run => {
+                let current =
+                    state.and_then(|g| g.metadata.as_ref()).map_or(0, |m| m.resource_version);
+                gateway.metadata.get_or_insert_with(Default::default).resource_version = current;
                 results.push(Ok(Committed { gateway, event: None }));
                 continue;
             }
@@ -701,7 +711,11 @@ mod tests {
 
     fn put(name: &str, image: &str) -> PendingWrite {
         let g = named(name, image);
-        PendingWrite { name: name.into(), mutation: Box::new(move |_| Ok(Write::Put(g))) }
+        PendingWrite {
+            name: name.into(),
+            mutation: Box::new(move |_| Ok(Write::Put(g))),
+            dry_run: false,
+        }
     }
 
     fn remove(name: &str) -> PendingWrite {
@@ -711,6 +725,7 @@ mod tests {
                 Some(g) => Ok(Write::Remove(g.clone())),
                 None => Err(RuleError::NotFound("gone".into())),
             }),
+            dry_run: false,
         }
     }
 

@@ -317,7 +317,11 @@ pub fn gateway(name: &str, image: &str) -> Gateway {
 }
 
 pub async fn create(client: &mut Client, g: Gateway) -> Gateway {
-    client.create_gateway(CreateGatewayRequest { gateway: Some(g) }).await.unwrap().into_inner()
+    client
+        .create_gateway(CreateGatewayRequest { gateway: Some(g), validate_only: false })
+        .await
+        .unwrap()
+        .into_inner()
 }
 
 pub fn meta(g: &Gateway) -> &ObjectMeta {
