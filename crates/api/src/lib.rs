@@ -21,6 +21,10 @@ pub mod v1 {
 
 pub use prost_types;
 
+/// Response metadata (a header) on every answer of gateway-store: its
+/// version, for `gatewayctl version`.
+pub const VERSION_HEADER: &str = "gantry-server-version";
+
 /// `google.rpc.ErrorInfo` of gantry's errors: the domain and the reasons a
 /// client acts on. Named here once for the store and every client.
 pub mod reasons {

@@ -7,8 +7,10 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod local;
 pub mod manifest;
 pub mod output;
+pub mod template;
 
 use std::io::Write;
 use std::time::{Duration, SystemTime};
@@ -24,7 +26,7 @@ use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
 use crate::manifest::GatewayDoc;
-use crate::output::Format;
+use crate::output::{Format, PrintOptions};
 
 /// Events `describe` shows.
 pub const DESCRIBE_EVENTS: usize = 10;
@@ -45,6 +47,9 @@ pub enum CtlError {
     /// Some items of a command over several failed; each was reported.
     #[error("{failed} of {total} failed (each is reported above)")]
     Failed { failed: usize, total: usize },
+    /// The failure was reported already: exit non-zero, say nothing more.
+    #[error("")]
+    Reported,
 }
 
 fn msg(text: impl Into<String>) -> CtlError {
@@ -132,6 +137,71 @@ pub fn explain(status: &Status, server: &str) -> String {
         Code::FailedPrecondition => format!("refused: {detail}"),
         Code::DeadlineExceeded => format!("the store at {server} did not answer in time"),
         other => format!("{other:?}: {detail}"),
+    }
+}
+
+/// What `apply` and `edit` write: the rest belongs to the store and the
+/// reconciler.
+const APPLIED_PATHS: [&str; 3] = ["spec", "metadata.labels", "metadata.annotations"];
+
+/// The text above the manifest `edit` opens.
+pub const EDIT_HEADER: &str =
+    "# Edit the gateway below and save; lines starting with '#' are ignored,\n\
+# and an empty file cancels. Only spec, labels and annotations are written,\n\
+# and only if nobody changed the gateway since it was read.\n";
+
+/// What `apply` did to one document.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Created,
+    Configured,
+    Unchanged,
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Verdict::Created => "created",
+            Verdict::Configured => "configured",
+            Verdict::Unchanged => "unchanged",
+        })
+    }
+}
+
+/// How an `edit` ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EditOutcome {
+    Edited,
+    /// Nothing changed, or the file was emptied.
+    Cancelled,
+}
+
+/// One argument of `label`: `key=value` or `key-`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LabelChange {
+    Set(String, String),
+    Remove(String),
+}
+
+impl std::str::FromStr for LabelChange {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match (s.split_once('='), s.strip_suffix('-')) {
+            (Some((key, value)), _) if !key.is_empty() => {
+                Ok(LabelChange::Set(key.to_string(), value.to_string()))
+            }
+            (None, Some(key)) if !key.is_empty() => Ok(LabelChange::Remove(key.to_string())),
+            _ => Err(format!("{s:?} is neither key=value (set) nor key- (remove)")),
+        }
+    }
+}
+
+fn dry_run_note(dry_run: bool) -> &'static str {
+    if dry_run {
+        " (server dry run)"
+    } else {
+        ""
     }
 }
 
@@ -234,104 +304,238 @@ impl Ctl {
         }
     }
 
-    async fn update(&self, gateway: Gateway, paths: &[&str]) -> Result<Gateway, CtlError> {
+    /// `create`: creates one gateway; an existing name is refused
+    /// (ALREADY_EXISTS), as `kubectl create` does.
+    pub async fn create(&self, doc: &GatewayDoc, dry_run: bool) -> Result<String, CtlError> {
+        self.client
+            .clone()
+            .create_gateway(CreateGatewayRequest {
+                gateway: Some(doc.to_proto()),
+                validate_only: dry_run,
+            })
+            .await
+            .map_err(|s| self.fail(s))?;
+        Ok(format!("gateway/{} created{}", doc.metadata.name, dry_run_note(dry_run)))
+    }
+
+    /// What applying `doc` does: creates it, updates it (spec, labels and
+    /// the file's annotations; annotations other tools set are kept), or
+    /// nothing; with `dry_run` the store answers the would-be gateway and
+    /// stores nothing. The verdict and the gateway as it is (would be)
+    /// stored.
+    pub async fn apply_doc(
+        &self,
+        doc: &GatewayDoc,
+        dry_run: bool,
+    ) -> Result<(Verdict, Gateway), CtlError> {
+        let wanted = doc.to_proto();
+        let Some(current) = self.get_opt(&doc.metadata.name).await? else {
+            let created = self
+                .client
+                .clone()
+                .create_gateway(CreateGatewayRequest {
+                    gateway: Some(wanted),
+                    validate_only: dry_run,
+                })
+                .await
+                .map_err(|s| self.fail(s))?;
+            return Ok((Verdict::Created, created.into_inner()));
+        };
+        let meta = current.metadata.clone().unwrap_or_default();
+        let spec_changed = gantry_core::canonical::spec_changed(
+            &current.spec.clone().unwrap_or_default(),
+            &wanted.spec.clone().unwrap_or_default(),
+        );
+        let wanted_meta = wanted.metadata.clone().unwrap_or_default();
+        let mut annotations = meta.annotations.clone();
+        annotations.extend(wanted_meta.annotations.clone());
+        if !spec_changed && meta.labels == wanted_meta.labels && annotations == meta.annotations {
+            return Ok((Verdict::Unchanged, current));
+        }
+        let mut update = wanted;
+        let m = update.metadata.get_or_insert_with(Default::default);
+        m.resource_version = meta.resource_version;
+        m.annotations = annotations;
+        let updated = self.write(update, &APPLIED_PATHS, dry_run).await?;
+        Ok((Verdict::Configured, updated))
+    }
+
+    /// `apply` of one document; answers `gateway/NAME created|configured|unchanged`.
+    pub async fn apply(&self, doc: &GatewayDoc, dry_run: bool) -> Result<String, CtlError> {
+        let (verdict, _) = self.apply_doc(doc, dry_run).await?;
+        Ok(format!("gateway/{} {verdict}{}", doc.metadata.name, dry_run_note(dry_run)))
+    }
+
+    /// A conditional update of `paths` (the gateway carries the
+    /// resource_version it was read at); with `dry_run`, validated only.
+    async fn write(
+        &self,
+        gateway: Gateway,
+        paths: &[&str],
+        dry_run: bool,
+    ) -> Result<Gateway, CtlError> {
         let mask = Some(FieldMask { paths: paths.iter().map(|p| p.to_string()).collect() });
         self.client
             .clone()
             .update_gateway(UpdateGatewayRequest {
                 gateway: Some(gateway),
                 update_mask: mask,
-                validate_only: false,
+                validate_only: dry_run,
             })
             .await
             .map(|r| r.into_inner())
             .map_err(|s| self.fail(s))
     }
 
-    /// `create`: creates one gateway; an existing name is refused
-    /// (ALREADY_EXISTS), as `kubectl create` does.
-    pub async fn create(&self, doc: &GatewayDoc) -> Result<String, CtlError> {
-        self.client
-            .clone()
-            .create_gateway(CreateGatewayRequest {
-                gateway: Some(doc.to_proto()),
-                validate_only: false,
-            })
-            .await
-            .map_err(|s| self.fail(s))?;
-        Ok(format!("gateway/{} created", doc.metadata.name))
+    /// `diff`: the gateway as stored now (`None` if absent) and as applying
+    /// `doc` would store it (the store's dry run), as manifests.
+    pub async fn diff(
+        &self,
+        doc: &GatewayDoc,
+    ) -> Result<(Option<GatewayDoc>, GatewayDoc), CtlError> {
+        let live = self.get_opt(&doc.metadata.name).await?;
+        let (_, would) = self.apply_doc(doc, true).await?;
+        Ok((live.as_ref().map(GatewayDoc::from_proto), GatewayDoc::from_proto(&would)))
     }
 
-    /// `apply` of one document: creates or updates it; answers
-    /// `gateway/NAME created|configured|unchanged`.
-    pub async fn apply(&self, doc: &GatewayDoc) -> Result<String, CtlError> {
-        let name = &doc.metadata.name;
-        let wanted = doc.to_proto();
-        let verdict = match self.get_opt(name).await? {
-            None => {
-                self.client
-                    .clone()
-                    .create_gateway(CreateGatewayRequest {
-                        gateway: Some(wanted),
-                        validate_only: false,
-                    })
-                    .await
-                    .map_err(|s| self.fail(s))?;
-                "created"
-            }
-            Some(current) => {
-                let meta = current.metadata.clone().unwrap_or_default();
-                let spec_changed = gantry_core::canonical::spec_changed(
-                    &current.spec.clone().unwrap_or_default(),
-                    &wanted.spec.clone().unwrap_or_default(),
-                );
-                let wanted_meta = wanted.metadata.clone().unwrap_or_default();
-                // Annotations other tools set (such as the retry request)
-                // are kept: apply owns the ones in the file.
-                let mut annotations = meta.annotations.clone();
-                annotations.extend(wanted_meta.annotations.clone());
-                let labels_changed = meta.labels != wanted_meta.labels;
-                let annotations_changed = annotations != meta.annotations;
-                if !spec_changed && !labels_changed && !annotations_changed {
-                    "unchanged"
-                } else {
-                    let mut update = wanted.clone();
-                    let m = update.metadata.get_or_insert_with(Default::default);
-                    m.resource_version = meta.resource_version;
-                    m.annotations = annotations;
-                    self.update(update, &["spec", "metadata.labels", "metadata.annotations"])
-                        .await?;
-                    "configured"
+    /// `label`: sets (`k=v`) and removes (`k-`) labels, conditional on the
+    /// version read; an existing key gets another value only with
+    /// `overwrite`, as kubectl does.
+    pub async fn label(
+        &self,
+        name: &str,
+        changes: &[LabelChange],
+        overwrite: bool,
+        dry_run: bool,
+    ) -> Result<String, CtlError> {
+        let current = self.get(name).await?;
+        let meta = current.metadata.unwrap_or_default();
+        let mut labels = meta.labels.clone();
+        for change in changes {
+            match change {
+                LabelChange::Set(key, value) => {
+                    if let Some(old) = labels.get(key).filter(|old| *old != value) {
+                        if !overwrite {
+                            return Err(msg(format!(
+                                "label {key:?} already has a value ({old}), and --overwrite is false"
+                            )));
+                        }
+                    }
+                    labels.insert(key.clone(), value.clone());
+                }
+                LabelChange::Remove(key) => {
+                    labels.remove(key);
                 }
             }
+        }
+        if labels == meta.labels {
+            return Ok(format!("gateway/{name} not labeled"));
+        }
+        let update = Gateway {
+            metadata: Some(ObjectMeta {
+                name: name.into(),
+                resource_version: meta.resource_version,
+                labels,
+                ..Default::default()
+            }),
+            ..Default::default()
         };
-        Ok(format!("gateway/{name} {verdict}"))
+        self.write(update, &["metadata.labels"], dry_run).await?;
+        Ok(format!("gateway/{name} labeled{}", dry_run_note(dry_run)))
     }
 
-    /// `get`: one gateway or a (selected) list in a format.
+    /// `edit`: the gateway as a manifest for `edit` to change (it runs the
+    /// editor), then the edited manifest written back conditionally on
+    /// the version read: a change made meanwhile by anyone else is never
+    /// overwritten (ABORTED).
+    pub async fn edit(
+        &self,
+        name: &str,
+        edit: impl FnOnce(&str) -> Result<Option<String>, CtlError>,
+    ) -> Result<EditOutcome, CtlError> {
+        let current = self.get(name).await?;
+        let read_at = current.metadata.as_ref().map_or(0, |m| m.resource_version);
+        let doc = GatewayDoc::from_proto(&current);
+        let text = serde_saphyr::to_string(&doc).map_err(|e| msg(e.to_string()))?;
+        let Some(edited) = edit(&format!("{EDIT_HEADER}{text}"))? else {
+            return Ok(EditOutcome::Cancelled);
+        };
+        let kept: String = edited
+            .lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        if kept.trim().is_empty() {
+            return Ok(EditOutcome::Cancelled);
+        }
+        let docs = manifest::parse(&kept, "the edited gateway")?;
+        let [edited] = docs.as_slice() else {
+            return Err(msg("the edited file must hold exactly one gateway"));
+        };
+        if edited.metadata.name != name {
+            return Err(msg(format!(
+                "the name cannot be edited ({name} became {})",
+                edited.metadata.name
+            )));
+        }
+        let unchanged = edited.spec == doc.spec
+            && edited.metadata.labels == doc.metadata.labels
+            && edited.metadata.annotations == doc.metadata.annotations;
+        if unchanged {
+            return Ok(EditOutcome::Cancelled);
+        }
+        let mut update = edited.to_proto();
+        update.metadata.get_or_insert_with(Default::default).resource_version = read_at;
+        self.write(update, &APPLIED_PATHS, false).await?;
+        Ok(EditOutcome::Edited)
+    }
+
+    /// `get`: the named gateways (each missing one reported on `err`) or
+    /// the selected list, in a format; the revision to watch from.
     pub async fn get_cmd(
         &self,
-        name: Option<&str>,
+        names: &[String],
         selector: &str,
-        format: Format,
+        format: &Format,
+        options: &PrintOptions,
         out: &mut impl Write,
         err: &mut impl Write,
     ) -> Result<i64, CtlError> {
-        let (gateways, revision) = match name {
-            Some(n) => {
-                let gateway = self.get(n).await?;
-                let revision = gateway.metadata.as_ref().map_or(0, |m| m.resource_version);
-                (vec![gateway], revision)
+        let (gateways, revision, missing) = if names.is_empty() {
+            let (gateways, revision) = self.list(selector).await?;
+            (gateways, revision, 0)
+        } else {
+            let (mut found, mut missing) = (Vec::new(), 0);
+            for name in names {
+                match self.get_opt(name).await? {
+                    Some(g) => found.push(g),
+                    None => {
+                        missing += 1;
+                        writeln!(err, "error: gateway \"{name}\" not found")?;
+                    }
+                }
             }
-            None => self.list(selector).await?,
+            let revision =
+                found.iter().filter_map(|g| g.metadata.as_ref()).map(|m| m.resource_version).max();
+            (found, revision.unwrap_or(0), missing)
         };
-        if gateways.is_empty() && name.is_none() && matches!(format, Format::Table | Format::Wide) {
+        if gateways.is_empty() && names.is_empty() && matches!(format, Format::Table | Format::Wide)
+        {
             // A message, not data: kubectl prints it to stderr too.
             writeln!(err, "No gateways found.")?;
             return Ok(revision);
         }
-        output::print(&gateways, format, name.is_some(), true, out)?;
-        Ok(revision)
+        // A list prints even when empty (an empty GatewayList for json);
+        // named gateways that are all missing print nothing.
+        if names.is_empty() || !gateways.is_empty() {
+            let single = PrintOptions { single: names.len() == 1, ..options.clone() };
+            output::print(&gateways, format, &single, out)?;
+        }
+        match missing {
+            0 => Ok(revision),
+            1 if names.len() == 1 => Err(CtlError::Reported),
+            _ => Err(CtlError::Failed { failed: missing, total: names.len() }),
+        }
     }
 
     /// `get --watch`: after the listing (from its revision), each change
@@ -339,16 +543,17 @@ impl Ctl {
     /// `kubectl get --watch` prints; until interrupted.
     pub async fn get_watch(
         &self,
-        name: Option<&str>,
+        names: &[String],
         selector: &str,
-        format: Format,
+        format: &Format,
+        options: &PrintOptions,
         after: i64,
         out: &mut impl Write,
     ) -> Result<(), CtlError> {
         let request = WatchGatewaysRequest {
             resource_version: after,
             label_selector: selector.into(),
-            name: name.unwrap_or_default().into(),
+            name: if names.len() == 1 { names[0].clone() } else { String::new() },
             ..Default::default()
         };
         let mut stream = self
@@ -358,13 +563,18 @@ impl Ctl {
             .await
             .map_err(|s| self.fail(s))?
             .into_inner();
+        let rows = PrintOptions { single: true, headers: false, ..options.clone() };
         while let Some(event) = stream.next().await {
             let event = event.map_err(|s| self.fail(s))?;
             if event.r#type() == EventType::Bookmark {
                 continue;
             }
             let gateway = event.gateway.unwrap_or_default();
-            output::print(&[gateway], format, true, false, out)?;
+            let name = gateway.metadata.as_ref().map_or("", |m| m.name.as_str());
+            if names.len() > 1 && !names.iter().any(|n| n == name) {
+                continue;
+            }
+            output::print(&[gateway], format, &rows, out)?;
             out.flush()?;
         }
         Ok(())
@@ -425,17 +635,42 @@ impl Ctl {
     }
 
     /// `delete` of one gateway: requests its deletion.
-    pub async fn delete(&self, name: &str) -> Result<String, CtlError> {
+    pub async fn delete(&self, name: &str, dry_run: bool) -> Result<String, CtlError> {
         self.client
             .clone()
             .delete_gateway(DeleteGatewayRequest {
                 name: name.into(),
                 resource_version: 0,
-                validate_only: false,
+                validate_only: dry_run,
             })
             .await
             .map_err(|s| self.fail(s))?;
-        Ok(format!("gateway/{name} deleted"))
+        Ok(format!("gateway/{name} deleted{}", dry_run_note(dry_run)))
+    }
+
+    /// The names of every gateway `selector` selects (`""`: all).
+    pub async fn names(&self, selector: &str) -> Result<Vec<String>, CtlError> {
+        let (gateways, _) = self.list(selector).await?;
+        Ok(gateways.into_iter().filter_map(|g| g.metadata.map(|m| m.name)).collect())
+    }
+
+    /// The server's version, from the header every answer of the store
+    /// carries.
+    pub async fn server_version(&self) -> Result<String, CtlError> {
+        let request = ListGatewaysRequest { page_size: 1, ..Default::default() };
+        let metadata = match self.client.clone().list_gateways(request).await {
+            Ok(answer) => answer.metadata().clone(),
+            // A refusal (no token) still says who answered.
+            Err(status) if status.metadata().contains_key(gantry_api::VERSION_HEADER) => {
+                status.metadata().clone()
+            }
+            Err(status) => return Err(self.fail(status)),
+        };
+        metadata
+            .get(gantry_api::VERSION_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(String::from)
+            .ok_or_else(|| msg("the store did not say its version (older than this header)"))
     }
 
     /// `retry`: asks the reconciler to try again now, resetting its retry
@@ -457,7 +692,7 @@ impl Ctl {
             }),
             ..Default::default()
         };
-        self.update(update, &["metadata.annotations"]).await?;
+        self.write(update, &["metadata.annotations"], false).await?;
         writeln!(out, "gateway/{name} retry requested")?;
         Ok(())
     }

@@ -1,7 +1,7 @@
 //! `gatewayctl`: parses flags, resolves the context, runs one command, and
 //! turns any failure into a plain message and a non-zero exit code.
 
-use std::io::{Read as _, Write as _};
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -10,15 +10,16 @@ use clap::{CommandFactory, Parser, Subcommand};
 use gantry_core::duration::parse_duration;
 use gantry_ctl::config::{default_path, ConfigFile};
 use gantry_ctl::manifest::{self, GatewayDoc, Metadata, Route, Spec};
-use gantry_ctl::output::Format;
-use gantry_ctl::{for_each, gateway_name, Condition, Ctl, CtlError};
+use gantry_ctl::output::{Format, PrintOptions};
+use gantry_ctl::template::Path;
+use gantry_ctl::{for_each, gateway_name, local, Condition, Ctl, CtlError, LabelChange};
 
 /// The command line for gantry Gateways.
 #[derive(Parser, Debug)]
 #[command(
     name = "gatewayctl",
     version,
-    about = "Manage gantry Gateways: apply, get, describe, wait, retry, delete, watch",
+    about = "Manage gantry Gateways: apply, diff, get, describe, edit, label, wait, retry, delete, watch",
     after_help = "Examples:\n  gatewayctl apply -f examples/minimal.yaml\n  gatewayctl get\n  gatewayctl wait edge --for=condition=Ready --timeout=60s\n  gatewayctl describe edge\n  gatewayctl delete edge --wait"
 )]
 struct Cli {
@@ -43,14 +44,20 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Create or update gateways from a YAML or JSON file ("-" for stdin).
+    /// Create or update gateways from YAML or JSON files, directories or stdin.
     #[command(
-        after_help = "Examples:\n  gatewayctl apply -f examples/full.yaml\n  cat gw.yaml | gatewayctl apply -f -"
+        after_help = "Examples:\n  gatewayctl apply -f examples/full.yaml\n  gatewayctl apply -f gateways/ --dry-run=server\n  cat gw.yaml | gatewayctl apply -f -"
     )]
     Apply {
-        /// A file of one or more gateway documents ("-" for stdin; repeatable).
+        /// A file of gateway documents, a directory of them (.yaml, .yml,
+        /// .json), or "-" for stdin (repeatable).
         #[arg(short = 'f', long = "filename", required = true)]
         files: Vec<String>,
+        /// Read directories given with -f recursively.
+        #[arg(short = 'R', long)]
+        recursive: bool,
+        #[command(flatten)]
+        dry_run: DryRunArg,
     },
     /// Create a gateway from flags; an existing name is refused.
     #[command(
@@ -78,21 +85,33 @@ enum Command {
         /// A label, key=value (repeatable).
         #[arg(long = "label", short = 'l')]
         labels: Vec<String>,
+        #[command(flatten)]
+        dry_run: DryRunArg,
     },
-    /// List gateways or show one.
+    /// List gateways or show some.
     #[command(
-        after_help = "Examples:\n  gatewayctl get\n  gatewayctl get -l team=payments -o wide\n  gatewayctl get edge -o json\n  gatewayctl get --watch"
+        after_help = "Examples:\n  gatewayctl get\n  gatewayctl get -l team=payments -o wide --show-labels\n  gatewayctl get edge -o json\n  gatewayctl get -o jsonpath='{range .items[*]}{.metadata.name}{\"\\n\"}{end}'\n  gatewayctl get -o custom-columns=NAME:.metadata.name,IMAGE:.spec.image --sort-by=.spec.image\n  gatewayctl get --watch"
     )]
     Get {
-        /// One gateway (NAME or gateway/NAME); all when absent.
+        /// Gateways to show (NAME or gateway/NAME); all when none.
         #[arg(value_parser = gateway_name)]
-        name: Option<String>,
+        names: Vec<String>,
         /// Label selector (k=v, k!=v, k in (a,b), k notin (a), k, !k).
         #[arg(short = 'l', long = "selector", default_value = "")]
         selector: String,
-        /// Output format.
-        #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Table)]
+        /// Output format: table, wide, json, yaml, name, jsonpath=TEMPLATE,
+        /// custom-columns=HEADER:.field.path,...
+        #[arg(short = 'o', long = "output", default_value = "table", value_parser = Format::parse)]
         output: Format,
+        /// Tables without their header row.
+        #[arg(long)]
+        no_headers: bool,
+        /// Tables with a LABELS column.
+        #[arg(long)]
+        show_labels: bool,
+        /// Sort by a field (a JSONPath such as .metadata.name or {.spec.image}).
+        #[arg(long, value_parser = parse_path)]
+        sort_by: Option<Path>,
         /// After the listing, print each change as it happens, in the same format.
         #[arg(short = 'w', long)]
         watch: bool,
@@ -104,18 +123,70 @@ enum Command {
         #[arg(value_parser = gateway_name)]
         name: String,
     },
-    /// Delete gateways.
-    #[command(after_help = "Example:\n  gatewayctl delete edge --wait --timeout=2m")]
+    /// Show what applying files would change, as a unified diff (exit 0:
+    /// no change, 1: changes, >1: an error).
+    #[command(
+        after_help = "Examples:\n  gatewayctl diff -f examples/full.yaml\n  GANTRY_EXTERNAL_DIFF='diff -u --color' gatewayctl diff -f gateways/"
+    )]
+    Diff {
+        /// A file of gateway documents, a directory of them, or "-" for stdin (repeatable).
+        #[arg(short = 'f', long = "filename", required = true)]
+        files: Vec<String>,
+        /// Read directories given with -f recursively.
+        #[arg(short = 'R', long)]
+        recursive: bool,
+    },
+    /// Edit a gateway in your editor; written back only if nobody changed it meanwhile.
+    #[command(
+        after_help = "The editor is GANTRY_EDITOR, VISUAL or EDITOR (else vi).\n\nExample:\n  EDITOR=nano gatewayctl edit edge"
+    )]
+    Edit {
+        /// The gateway (NAME or gateway/NAME).
+        #[arg(value_parser = gateway_name)]
+        name: String,
+    },
+    /// Set (key=value) or remove (key-) labels of gateways.
+    #[command(
+        after_help = "Examples:\n  gatewayctl label edge team=payments\n  gatewayctl label edge team=checkout --overwrite\n  gatewayctl label edge team-"
+    )]
+    Label {
+        /// The gateway (NAME or gateway/NAME).
+        #[arg(value_parser = gateway_name)]
+        name: String,
+        /// key=value to set, key- to remove.
+        #[arg(required = true)]
+        changes: Vec<LabelChange>,
+        /// Allow replacing the value of an existing label.
+        #[arg(long)]
+        overwrite: bool,
+        #[command(flatten)]
+        dry_run: DryRunArg,
+    },
+    /// Delete gateways by name, label selector, file, or all of them.
+    #[command(
+        after_help = "Examples:\n  gatewayctl delete edge --wait --timeout=2m\n  gatewayctl delete -l team=payments\n  gatewayctl delete -f examples/full.yaml\n  gatewayctl delete --all"
+    )]
     Delete {
         /// The gateways (NAME or gateway/NAME); each is tried and reported.
-        #[arg(required = true, value_parser = gateway_name)]
+        #[arg(value_parser = gateway_name)]
         names: Vec<String>,
+        /// Delete the gateways this label selector selects.
+        #[arg(short = 'l', long = "selector")]
+        selector: Option<String>,
+        /// Delete every gateway.
+        #[arg(long)]
+        all: bool,
+        /// Delete the gateways a file (or directory, or "-") names (repeatable).
+        #[arg(short = 'f', long = "filename")]
+        files: Vec<String>,
         /// Return only once the gateways are gone.
         #[arg(long)]
         wait: bool,
         /// How long --wait waits (e.g. 30s, 2m).
         #[arg(long, default_value = "60s", value_parser = parse_duration)]
         timeout: Duration,
+        #[command(flatten)]
+        dry_run: DryRunArg,
     },
     /// Wait for a condition; the exit code tells whether it was met.
     #[command(
@@ -149,6 +220,15 @@ enum Command {
         #[arg(value_parser = gateway_name)]
         name: Option<String>,
     },
+    /// Show or switch the contexts of the config file.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Print the versions of gatewayctl and of the store it talks to.
+    Version {
+        /// Only gatewayctl's version (no connection).
+        #[arg(long)]
+        client: bool,
+    },
     /// Print a shell completion script.
     #[command(
         after_help = "Example:\n  gatewayctl completion bash > /etc/bash_completion.d/gatewayctl"
@@ -159,35 +239,52 @@ enum Command {
     },
 }
 
-fn read_file(path: &str) -> Result<String, CtlError> {
-    if path == "-" {
-        let mut text = String::new();
-        std::io::stdin().read_to_string(&mut text)?;
-        return Ok(text);
-    }
-    std::fs::read_to_string(path).map_err(|e| CtlError::Message(format!("cannot read {path}: {e}")))
+#[derive(Subcommand, Debug)]
+enum ConfigCommand {
+    /// List the contexts; the current one is marked with '*'.
+    GetContexts,
+    /// Make a context the current one.
+    UseContext {
+        /// The context's name.
+        name: String,
+    },
+    /// Print the current context's name.
+    CurrentContext,
 }
 
-async fn run(cli: Cli) -> Result<(), CtlError> {
-    if let Command::Completion { shell } = &cli.command {
-        clap_complete::generate(*shell, &mut Cli::command(), "gatewayctl", &mut std::io::stdout());
-        return Ok(());
+/// `--dry-run`: none, or server (the store runs every check and stores
+/// nothing).
+#[derive(clap::Args, Debug, Clone, Copy)]
+struct DryRunArg {
+    /// "server": the store runs every check and answers, storing nothing;
+    /// "none": write.
+    #[arg(long = "dry-run", value_enum, default_value_t = DryRun::None, default_missing_value = "server", num_args = 0..=1, require_equals = true)]
+    mode: DryRun,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+enum DryRun {
+    None,
+    Server,
+}
+
+impl DryRunArg {
+    fn on(self) -> bool {
+        self.mode == DryRun::Server
     }
-    let config_path = cli.config.clone().unwrap_or_else(default_path);
-    if cli.config.is_some() && !config_path.exists() {
-        // A config named on purpose that is not there is a mistake, not an
-        // empty config (only the default one may be absent).
-        return Err(CtlError::Message(format!(
-            "config file {} does not exist: check --config (GANTRY_CONFIG)",
-            config_path.display()
-        )));
-    }
-    let file = ConfigFile::load(&config_path).map_err(CtlError::Message)?;
+}
+
+fn parse_path(text: &str) -> Result<Path, String> {
+    Path::parse(text).map_err(|e| e.to_string())
+}
+
+/// Where to connect, from flags, the environment and the config file.
+fn connect(cli: &Cli, file: &ConfigFile, config_path: &std::path::Path) -> Result<Ctl, CtlError> {
     let context = file.context(cli.context.as_deref()).cloned();
     if cli.context.is_some() && context.is_none() {
         return Err(CtlError::Message(format!(
             "no context {:?} in {}",
-            cli.context.unwrap_or_default(),
+            cli.context.clone().unwrap_or_default(),
             config_path.display()
         )));
     }
@@ -213,33 +310,198 @@ async fn run(cli: Cli) -> Result<(), CtlError> {
     }
     .connect_lazy()
     .map_err(|e| CtlError::Message(e.to_string()))?;
-    let ctl = Ctl { client, server };
+    Ok(Ctl { client, server })
+}
+
+/// `config ...`: reads and writes the config file only.
+fn config_command(
+    command: ConfigCommand,
+    mut file: ConfigFile,
+    path: &std::path::Path,
+    out: &mut impl std::io::Write,
+) -> Result<(), CtlError> {
+    match command {
+        ConfigCommand::GetContexts => {
+            writeln!(out, "{:<8} {:<20} SERVER", "CURRENT", "NAME")?;
+            for c in &file.contexts {
+                let current = if c.name == file.current_context { "*" } else { "" };
+                writeln!(out, "{current:<8} {:<20} {}", c.name, c.server)?;
+            }
+        }
+        ConfigCommand::UseContext { name } => {
+            if file.context(Some(&name)).is_none() {
+                let known: Vec<&str> = file.contexts.iter().map(|c| c.name.as_str()).collect();
+                return Err(CtlError::Message(format!(
+                    "no context {name:?} in {} (it has: {})",
+                    path.display(),
+                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
+                )));
+            }
+            file.current_context = name.clone();
+            file.save(path).map_err(CtlError::Message)?;
+            writeln!(out, "Switched to context \"{name}\".")?;
+        }
+        ConfigCommand::CurrentContext => {
+            if file.current_context.is_empty() {
+                return Err(CtlError::Message(format!("no current context in {}", path.display())));
+            }
+            writeln!(out, "{}", file.current_context)?;
+        }
+    }
+    Ok(())
+}
+
+/// Names of the documents the files hold (for `delete -f`).
+fn names_in(files: &[String], err: &mut impl std::io::Write) -> Result<Vec<String>, CtlError> {
+    let mut names = Vec::new();
+    let mut failed = 0;
+    for doc in local::documents(files, false) {
+        match doc {
+            Ok(doc) => names.push(doc.metadata.name),
+            Err((path, e)) => {
+                failed += 1;
+                writeln!(err, "error: {path}: {e}")?;
+            }
+        }
+    }
+    if failed > 0 {
+        return Err(CtlError::Reported);
+    }
+    Ok(names)
+}
+
+/// `diff`: writes each gateway as stored and as applying would store it
+/// under two directories and runs the diff program on them; its exit code
+/// (0 no change, 1 changes) is gatewayctl's.
+async fn diff(ctl: &Ctl, files: &[String], recursive: bool) -> Result<ExitCode, CtlError> {
+    let scratch = local::Scratch::new("diff")?;
+    let (live, merged) = (scratch.path().join("LIVE"), scratch.path().join("MERGED"));
+    for dir in [&live, &merged] {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut failed = 0;
+    let mut err = std::io::stderr().lock();
+    for doc in local::documents(files, recursive) {
+        let doc = match doc {
+            Ok(doc) => doc,
+            Err((path, e)) => {
+                failed += 1;
+                writeln!(err, "error: {path}: {e}")?;
+                continue;
+            }
+        };
+        let name = doc.metadata.name.clone();
+        match ctl.diff(&doc).await {
+            Ok((before, after)) => {
+                let file = format!("gantry.dev.v1.Gateway.{name}");
+                if let Some(before) = before {
+                    std::fs::write(live.join(&file), yaml(&before)?)?;
+                }
+                std::fs::write(merged.join(&file), yaml(&after)?)?;
+            }
+            Err(e) => {
+                failed += 1;
+                writeln!(err, "error: gateway/{name}: {e}")?;
+            }
+        }
+    }
+    drop(err);
+    let code = local::run_shell(&local::differ(), &[&live, &merged])?;
+    if failed > 0 {
+        return Err(CtlError::Reported);
+    }
+    match code {
+        0 => Ok(ExitCode::SUCCESS),
+        1 => Ok(ExitCode::from(1)),
+        other => Err(CtlError::Message(format!("the diff program exited with {other}"))),
+    }
+}
+
+fn yaml(doc: &GatewayDoc) -> Result<String, CtlError> {
+    serde_saphyr::to_string(doc).map_err(|e| CtlError::Message(e.to_string()))
+}
+
+/// `edit`: opens the gateway in the editor; on any failure after the
+/// edit, the edited file is kept and its path said.
+async fn edit(ctl: &Ctl, name: &str, out: &mut impl std::io::Write) -> Result<(), CtlError> {
+    let scratch = local::Scratch::new("edit")?;
+    let file = scratch.path().join(format!("{name}.yaml"));
+    let edited = std::cell::Cell::new(false);
+    let outcome = ctl
+        .edit(name, |text| {
+            std::fs::write(&file, text)?;
+            let code = local::run_shell(&local::editor(), &[&file])?;
+            if code != 0 {
+                return Err(CtlError::Message(format!(
+                    "the editor exited with {code}; nothing was written"
+                )));
+            }
+            let after = std::fs::read_to_string(&file)?;
+            edited.set(after != text);
+            Ok((after != text).then_some(after))
+        })
+        .await;
+    match outcome {
+        Ok(gantry_ctl::EditOutcome::Edited) => writeln!(out, "gateway/{name} edited")?,
+        Ok(gantry_ctl::EditOutcome::Cancelled) => {
+            writeln!(std::io::stderr(), "Edit cancelled, no changes made.")?;
+        }
+        Err(e) if edited.get() => {
+            let kept = scratch.keep().join(format!("{name}.yaml"));
+            return Err(CtlError::Message(format!(
+                "{e}\nyour edited copy is saved in {}",
+                kept.display()
+            )));
+        }
+        Err(e) => return Err(e),
+    }
+    Ok(())
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, CtlError> {
+    if let Command::Completion { shell } = &cli.command {
+        clap_complete::generate(*shell, &mut Cli::command(), "gatewayctl", &mut std::io::stdout());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let config_path = cli.config.clone().unwrap_or_else(default_path);
+    if cli.config.is_some() && !config_path.exists() {
+        // A config named on purpose that is not there is a mistake, not an
+        // empty config (only the default one may be absent).
+        return Err(CtlError::Message(format!(
+            "config file {} does not exist: check --config (GANTRY_CONFIG)",
+            config_path.display()
+        )));
+    }
+    let file = ConfigFile::load(&config_path).map_err(CtlError::Message)?;
     let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
     match cli.command {
-        Command::Apply { files } => {
-            // Every document of every file is tried; a file that cannot be
-            // read or parsed is reported as one failed item.
-            let mut docs = Vec::new();
-            for path in files {
-                match read_file(&path).and_then(|t| Ok(manifest::parse(&t, &path)?)) {
-                    Ok(parsed) => docs.extend(parsed.into_iter().map(Ok)),
-                    Err(e) => docs.push(Err((path, e))),
-                }
-            }
+        Command::Config(command) => {
+            config_command(command, file, &config_path, &mut out)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Version { client: true } => {
+            writeln!(out, "Client Version: {}", env!("CARGO_PKG_VERSION"))?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        _ => {}
+    }
+    let ctl = connect(&cli, &file, &config_path)?;
+    match cli.command {
+        Command::Apply { files, recursive, dry_run } => {
             for_each(
-                docs,
+                local::documents(&files, recursive),
                 |doc| match doc {
                     Ok(doc) => format!("gateway/{}", doc.metadata.name),
                     Err((path, _)) => path.clone(),
                 },
                 async |doc| match doc {
-                    Ok(doc) => ctl.apply(doc).await,
+                    Ok(doc) => ctl.apply(doc, dry_run.on()).await,
                     Err((_, e)) => Err(CtlError::Message(e.to_string())),
                 },
                 &mut out,
                 &mut err,
             )
-            .await
+            .await?;
         }
         Command::Create {
             name,
@@ -249,6 +511,7 @@ async fn run(cli: Cli) -> Result<(), CtlError> {
             route_host,
             tls_secret,
             labels,
+            dry_run,
         } => {
             let labels = labels
                 .iter()
@@ -274,25 +537,58 @@ async fn run(cli: Cli) -> Result<(), CtlError> {
                 },
                 status: None,
             };
-            writeln!(out, "{}", ctl.create(&doc).await?)?;
-            Ok(())
+            writeln!(out, "{}", ctl.create(&doc, dry_run.on()).await?)?;
         }
-        Command::Get { name, selector, output, watch } => {
+        Command::Get { names, selector, output, no_headers, show_labels, sort_by, watch } => {
+            let options =
+                PrintOptions { single: false, headers: !no_headers, show_labels, sort_by };
             let revision =
-                ctl.get_cmd(name.as_deref(), &selector, output, &mut out, &mut err).await?;
+                ctl.get_cmd(&names, &selector, &output, &options, &mut out, &mut err).await?;
             if watch {
-                ctl.get_watch(name.as_deref(), &selector, output, revision, &mut out).await?;
+                ctl.get_watch(&names, &selector, &output, &options, revision, &mut out).await?;
             }
-            Ok(())
         }
-        Command::Describe { name } => ctl.describe(&name, &mut out).await,
-        Command::Delete { names, wait, timeout } => {
+        Command::Describe { name } => ctl.describe(&name, &mut out).await?,
+        Command::Diff { files, recursive } => {
+            // As `kubectl diff`: 0 no change, 1 changes, anything above an
+            // error (never 1, which would read as "changes").
+            return Ok(match diff(&ctl, &files, recursive).await {
+                Ok(code) => code,
+                Err(CtlError::Reported) => ExitCode::from(2),
+                Err(e) => {
+                    writeln!(err, "error: {e}")?;
+                    ExitCode::from(2)
+                }
+            });
+        }
+        Command::Edit { name } => edit(&ctl, &name, &mut out).await?,
+        Command::Label { name, changes, overwrite, dry_run } => {
+            writeln!(out, "{}", ctl.label(&name, &changes, overwrite, dry_run.on()).await?)?;
+        }
+        Command::Delete { names, selector, all, files, wait, timeout, dry_run } => {
+            let ways = [!names.is_empty(), selector.is_some(), all, !files.is_empty()];
+            if ways.iter().filter(|w| **w).count() != 1 {
+                return Err(CtlError::Message(
+                    "say which gateways: NAME..., -l SELECTOR, -f FILE or --all (one of them)"
+                        .into(),
+                ));
+            }
+            let names = match (selector, all) {
+                (Some(selector), _) => ctl.names(&selector).await?,
+                (None, true) => ctl.names("").await?,
+                _ if !files.is_empty() => names_in(&files, &mut err)?,
+                _ => names,
+            };
+            if names.is_empty() {
+                writeln!(err, "No gateways found.")?;
+                return Ok(ExitCode::SUCCESS);
+            }
             let deleted = std::cell::RefCell::new(Vec::new());
             let outcome = for_each(
                 &names,
                 |name| format!("gateway/{name}"),
                 async |name| {
-                    let line = ctl.delete(name).await?;
+                    let line = ctl.delete(name, dry_run.on()).await?;
                     deleted.borrow_mut().push((*name).clone());
                     Ok(line)
                 },
@@ -301,25 +597,33 @@ async fn run(cli: Cli) -> Result<(), CtlError> {
             )
             .await;
             let deleted = deleted.into_inner();
-            if wait && !deleted.is_empty() {
+            if wait && !dry_run.on() && !deleted.is_empty() {
                 ctl.wait(&deleted, &Condition::Deleted, timeout, &mut out).await?;
             }
-            outcome
+            outcome?;
         }
         Command::Wait { names, condition, timeout } => {
-            ctl.wait(&names, &condition, timeout, &mut out).await
+            ctl.wait(&names, &condition, timeout, &mut out).await?;
         }
-        Command::Retry { name } => ctl.retry(&name, &mut out).await,
-        Command::Watch { selector, name } => ctl.watch(&selector, name.as_deref(), &mut out).await,
-        Command::Completion { .. } => Ok(()),
+        Command::Retry { name } => ctl.retry(&name, &mut out).await?,
+        Command::Watch { selector, name } => {
+            ctl.watch(&selector, name.as_deref(), &mut out).await?
+        }
+        Command::Version { .. } => {
+            writeln!(out, "Client Version: {}", env!("CARGO_PKG_VERSION"))?;
+            writeln!(out, "Server Version: {}", ctl.server_version().await?)?;
+        }
+        Command::Config(_) | Command::Completion { .. } => {}
     }
+    Ok(ExitCode::SUCCESS)
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli).await {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
+        Err(CtlError::Reported) => ExitCode::FAILURE,
         // The reader went away (`| head`): nothing more to say.
         Err(CtlError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(e) => {

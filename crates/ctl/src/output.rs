@@ -3,20 +3,88 @@
 use std::io::Write;
 use std::time::SystemTime;
 
-use clap::ValueEnum;
 use gantry_api::v1::{ConditionStatus, Gateway, Phase};
 
 use crate::manifest::GatewayDoc;
+use crate::template::{custom_columns, Path, Template};
 use crate::CtlError;
 
 /// `-o` formats.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Format {
     Table,
     Wide,
     Json,
     Yaml,
     Name,
+    /// `jsonpath=TEMPLATE`: kubectl's template subset over the JSON of
+    /// the object (one name) or of the list.
+    JsonPath(Template),
+    /// `custom-columns=HEADER:PATH,...`.
+    CustomColumns(Vec<(String, Path)>),
+}
+
+impl Format {
+    /// Parses `-o`: table, wide, json, yaml, name, jsonpath=..., custom-columns=...
+    pub fn parse(text: &str) -> Result<Format, String> {
+        let fail = |e: crate::template::TemplateError| e.to_string();
+        Ok(match text {
+            "table" => Format::Table,
+            "wide" => Format::Wide,
+            "json" => Format::Json,
+            "yaml" => Format::Yaml,
+            "name" => Format::Name,
+            _ => match text.split_once('=') {
+                Some(("jsonpath", t)) => Format::JsonPath(Template::parse(t).map_err(fail)?),
+                Some(("custom-columns", c)) => Format::CustomColumns(custom_columns(c).map_err(fail)?),
+                _ => {
+                    return Err(format!(
+                        "unknown output format {text:?}: use table, wide, json, yaml, name, jsonpath=TEMPLATE or custom-columns=HEADER:.path,..."
+                    ))
+                }
+            },
+        })
+    }
+
+    /// Whether the format is a table (so `--no-headers` and
+    /// `--show-labels` apply).
+    fn is_table(&self) -> bool {
+        matches!(self, Format::Table | Format::Wide | Format::CustomColumns(_))
+    }
+}
+
+/// How `get` prints besides the format.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PrintOptions {
+    /// One object asked for by name (json, yaml and jsonpath print it
+    /// rather than a list).
+    pub single: bool,
+    /// The header row of a table.
+    pub headers: bool,
+    /// A LABELS column.
+    pub show_labels: bool,
+    /// Sort by this field (`--sort-by`).
+    pub sort_by: Option<Path>,
+}
+
+/// Orders gateways by the value of `path` in their JSON, as `--sort-by`
+/// does: numbers by value, then text; a gateway without the field first.
+pub fn sort(gateways: &mut [Gateway], path: &Path) {
+    let key = |g: &Gateway| {
+        let doc = serde_json::to_value(GatewayDoc::from_proto(g)).unwrap_or_default();
+        let value = path.select(&doc).first().map(|v| (*v).clone());
+        (
+            value.as_ref().and_then(serde_json::Value::as_f64),
+            value.as_ref().map(crate::template::text),
+        )
+    };
+    let mut keyed: Vec<_> = gateways.iter().map(|g| (key(g), g.clone())).collect();
+    keyed.sort_by(|(a, _), (b, _)| {
+        a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal).then_with(|| a.1.cmp(&b.1))
+    });
+    for (slot, (_, g)) in gateways.iter_mut().zip(keyed) {
+        *slot = g;
+    }
 }
 
 /// `5s`, `3m`, `2h`, `4d` since a timestamp.
@@ -51,93 +119,149 @@ fn phase(g: &Gateway) -> String {
         .to_string()
 }
 
-/// Prints gateways; a single `get NAME` prints one object for json/yaml;
-/// a table has its header row when `headers`.
+/// Prints gateways in `format`.
 pub fn print(
     gateways: &[Gateway],
-    format: Format,
-    single: bool,
-    headers: bool,
+    format: &Format,
+    options: &PrintOptions,
     out: &mut impl Write,
 ) -> Result<(), CtlError> {
+    let mut sorted;
+    let gateways = match &options.sort_by {
+        Some(path) => {
+            sorted = gateways.to_vec();
+            sort(&mut sorted, path);
+            &sorted[..]
+        }
+        None => gateways,
+    };
     let now = SystemTime::now();
+    let docs = || gateways.iter().map(GatewayDoc::from_proto).collect::<Vec<_>>();
+    let json = |docs: &[GatewayDoc]| -> serde_json::Value {
+        if options.single {
+            serde_json::to_value(&docs[0]).unwrap_or_default()
+        } else {
+            serde_json::json!({"apiVersion": "gantry.dev/v1", "kind": "GatewayList", "items": docs})
+        }
+    };
+    let to_text = |e: serde_json::Error| CtlError::Message(e.to_string());
     match format {
         Format::Name => {
             for g in gateways {
                 writeln!(out, "gateway/{}", g.metadata.as_ref().map_or("", |m| m.name.as_str()))?;
             }
         }
-        Format::Json | Format::Yaml => {
-            let docs: Vec<GatewayDoc> = gateways.iter().map(GatewayDoc::from_proto).collect();
-            let text = match (format, single) {
-                (Format::Json, true) => serde_json::to_string_pretty(&docs[0]).map_err(|e| CtlError::Message(e.to_string()))?,
-                (Format::Json, false) => serde_json::to_string_pretty(&serde_json::json!({"apiVersion": "gantry.dev/v1", "kind": "GatewayList", "items": docs}))
-                    .map_err(|e| CtlError::Message(e.to_string()))?,
-                (_, true) => serde_saphyr::to_string(&docs[0]).map_err(|e| CtlError::Message(e.to_string()))?,
-                (_, false) => docs
-                    .iter()
-                    .map(|d| serde_saphyr::to_string(d).map_err(|e| CtlError::Message(e.to_string())))
+        Format::Json => {
+            writeln!(out, "{}", serde_json::to_string_pretty(&json(&docs())).map_err(to_text)?)?;
+        }
+        Format::Yaml => {
+            let docs = docs();
+            let text = if options.single {
+                serde_saphyr::to_string(&docs[0]).map_err(|e| CtlError::Message(e.to_string()))?
+            } else {
+                docs.iter()
+                    .map(|d| {
+                        serde_saphyr::to_string(d).map_err(|e| CtlError::Message(e.to_string()))
+                    })
                     .collect::<Result<Vec<_>, _>>()?
-                    .join("---\n"),
+                    .join("---\n")
             };
             writeln!(out, "{}", text.trim_end())?;
         }
-        Format::Table | Format::Wide => {
-            let wide = format == Format::Wide;
-            let mut rows = vec![{
-                let mut header = vec!["NAME", "PHASE", "READY", "GENERATION", "OBSERVED", "AGE"]
-                    .into_iter()
-                    .map(String::from)
-                    .collect::<Vec<_>>();
-                if wide {
-                    header.extend(["IMAGE", "ROUTE", "MESSAGE"].map(String::from));
-                }
-                header
-            }];
+        Format::JsonPath(template) => write!(out, "{}", template.render(&json(&docs())))?,
+        Format::Table | Format::Wide | Format::CustomColumns(_) => {
+            let mut rows = vec![header(format)];
             for g in gateways {
-                let meta = g.metadata.clone().unwrap_or_default();
-                let spec = g.spec.clone().unwrap_or_default();
-                let status = g.status.clone().unwrap_or_default();
-                let mut row = vec![
-                    meta.name.clone(),
-                    phase(g),
-                    ready(g).into(),
-                    meta.generation.to_string(),
-                    status.observed_generation.to_string(),
-                    age(meta.create_time.as_ref(), now),
-                ];
-                if wide {
-                    row.push(spec.image.clone());
-                    row.push(
-                        spec.route
-                            .map(|r| r.host)
-                            .filter(|h| !h.is_empty())
-                            .unwrap_or_else(|| "<none>".into()),
-                    );
-                    row.push(status.message.clone());
+                rows.push(row(g, format, now));
+            }
+            if options.show_labels {
+                rows[0].push("LABELS".into());
+                for (row, g) in rows[1..].iter_mut().zip(gateways) {
+                    let labels = g.metadata.as_ref().map(|m| &m.labels);
+                    let text = labels.filter(|l| !l.is_empty()).map_or("<none>".into(), |l| {
+                        l.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+                    });
+                    row.push(text);
                 }
-                rows.push(row);
             }
-            let rows: Vec<Vec<String>> =
-                rows.into_iter().map(|r| r.iter().map(|c| shown(c)).collect()).collect();
-            let columns = rows[0].len();
-            let widths: Vec<usize> =
-                (0..columns).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
-            for row in rows.into_iter().skip(usize::from(!headers)) {
-                let cells: Vec<String> = row
-                    .iter()
-                    .enumerate()
-                    .map(|(i, cell)| {
-                        if i + 1 == columns {
-                            cell.clone()
-                        } else {
-                            format!("{cell:<width$}", width = widths[i])
-                        }
-                    })
-                    .collect();
-                writeln!(out, "{}", cells.join("   ").trim_end())?;
-            }
+            table(rows, options.headers && format.is_table(), out)?;
         }
+    }
+    Ok(())
+}
+
+fn header(format: &Format) -> Vec<String> {
+    let mut header: Vec<String> = match format {
+        Format::CustomColumns(columns) => return columns.iter().map(|(h, _)| h.clone()).collect(),
+        _ => ["NAME", "PHASE", "READY", "GENERATION", "OBSERVED", "AGE"].map(String::from).to_vec(),
+    };
+    if *format == Format::Wide {
+        header.extend(["IMAGE", "ROUTE", "MESSAGE"].map(String::from));
+    }
+    header
+}
+
+fn row(g: &Gateway, format: &Format, now: SystemTime) -> Vec<String> {
+    if let Format::CustomColumns(columns) = format {
+        let doc = serde_json::to_value(GatewayDoc::from_proto(g)).unwrap_or_default();
+        return columns
+            .iter()
+            .map(|(_, path)| {
+                let values: Vec<String> =
+                    path.select(&doc).into_iter().map(crate::template::text).collect();
+                if values.is_empty() {
+                    "<none>".into()
+                } else {
+                    values.join(",")
+                }
+            })
+            .collect();
+    }
+    let meta = g.metadata.clone().unwrap_or_default();
+    let spec = g.spec.clone().unwrap_or_default();
+    let status = g.status.clone().unwrap_or_default();
+    let mut row = vec![
+        meta.name.clone(),
+        phase(g),
+        ready(g).into(),
+        meta.generation.to_string(),
+        status.observed_generation.to_string(),
+        age(meta.create_time.as_ref(), now),
+    ];
+    if *format == Format::Wide {
+        row.push(spec.image.clone());
+        row.push(
+            spec.route.map(|r| r.host).filter(|h| !h.is_empty()).unwrap_or_else(|| "<none>".into()),
+        );
+        row.push(status.message.clone());
+    }
+    row
+}
+
+/// Aligned columns, three spaces apart; the header row first when asked.
+fn table(rows: Vec<Vec<String>>, headers: bool, out: &mut impl Write) -> Result<(), CtlError> {
+    let rows: Vec<Vec<String>> = rows
+        .into_iter()
+        .skip(usize::from(!headers))
+        .map(|r| r.iter().map(|c| shown(c)).collect())
+        .collect();
+    let Some(first) = rows.first() else { return Ok(()) };
+    let columns = first.len();
+    let widths: Vec<usize> =
+        (0..columns).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
+    for row in rows {
+        let cells: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(i, cell)| {
+                if i + 1 == columns {
+                    cell.clone()
+                } else {
+                    format!("{cell:<width$}", width = widths[i])
+                }
+            })
+            .collect();
+        writeln!(out, "{}", cells.join("   ").trim_end())?;
     }
     Ok(())
 }
@@ -252,7 +376,8 @@ mod tests {
 
     fn render(format: Format) -> String {
         let mut out = Vec::new();
-        print(&[gateway()], format, false, true, &mut out).unwrap();
+        let options = PrintOptions { headers: true, ..Default::default() };
+        print(&[gateway()], &format, &options, &mut out).unwrap();
         String::from_utf8(out).unwrap()
     }
 
@@ -266,7 +391,8 @@ mod tests {
         describe(&g, &mut out).unwrap();
         let mut table = Vec::new();
         g.status.as_mut().unwrap().message = evil;
-        print(&[g], Format::Wide, false, true, &mut table).unwrap();
+        let options = PrintOptions { headers: true, ..Default::default() };
+        print(&[g], &Format::Wide, &options, &mut table).unwrap();
         for text in [out, table] {
             let text = String::from_utf8(text).unwrap();
             assert!(!text.contains('\u{1b}'), "{text}");

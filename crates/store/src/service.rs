@@ -161,7 +161,19 @@ impl GatewayApi {
                 _ => {}
             }
         }
-        result.map(Response::new)
+        // Every answer says which version of the store gave it.
+        let version = tonic::metadata::MetadataValue::from_static(env!("CARGO_PKG_VERSION"));
+        match result {
+            Ok(answer) => {
+                let mut response = Response::new(answer);
+                response.metadata_mut().insert(gantry_api::VERSION_HEADER, version);
+                Ok(response)
+            }
+            Err(mut status) => {
+                status.metadata_mut().insert(gantry_api::VERSION_HEADER, version);
+                Err(status)
+            }
+        }
     }
 
     async fn create(&self, request: Request<CreateGatewayRequest>) -> Result<Gateway, Status> {
