@@ -470,14 +470,18 @@ impl ControlPlane {
     }
 
     /// A fresh namespace, labelled to enforce the `restricted` Pod Security
-    /// Standard, holding deploy/'s reconciler Role and RoleBinding (and
-    /// nothing else for the reconciler's identity).
+    /// Standard (and to warn of it on workloads, whose pod templates
+    /// `enforce` alone does not check), holding deploy/'s reconciler Role
+    /// and RoleBinding (and nothing else for the reconciler's identity).
     pub fn namespace(&self, prefix: &str) -> String {
         let n = self.namespaces.fetch_add(1, Ordering::Relaxed);
         let name = format!("{prefix}-{n}");
         let namespace = serde_json::json!({
             "apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": name, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}},
+            "metadata": {"name": name, "labels": {
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/warn": "restricted",
+            }},
         });
         self.kubectl_stdin(&["apply", "--server-side", "-f", "-"], &namespace.to_string());
         let rbac: Vec<Value> = self

@@ -741,34 +741,44 @@ async fn rendered_manifests_pass_strict_validation_and_the_restricted_standard()
         }),
         ..full_spec("1")
     };
-    let gateway = Gateway {
-        metadata: Some(ObjectMeta { name: "edge".into(), ..Default::default() }),
+    let gateway = |name: &str, spec: GatewaySpec| Gateway {
+        metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
         spec: Some(spec),
         status: None,
     };
     let settings = RenderSettings { namespace: namespace.clone(), ..RenderSettings::default() };
-    let rendered = render(&gateway, &settings);
-    let kinds: Vec<&str> = rendered.manifests.iter().map(|m| m["kind"].as_str().unwrap()).collect();
+    let full = render(&gateway("edge", spec), &settings);
+    let kinds: Vec<&str> = full.manifests.iter().map(|m| m["kind"].as_str().unwrap()).collect();
     assert_eq!(
         kinds,
         ["ServiceAccount", "ConfigMap", "Service", "Deployment", "Ingress", "PodDisruptionBudget"]
     );
-    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": rendered.manifests});
-    let out = plane.kubectl_stdin(
-        &[
-            "apply",
-            "--server-side",
-            "--dry-run=server",
-            "--validate=strict",
-            "--field-manager=render-test",
-            "-f",
-            "-",
-        ],
-        &list.to_string(),
+    // A gateway that says nothing of resources gets the defaults.
+    let minimal = render(
+        &gateway("plain", GatewaySpec { image: image("1"), ..Default::default() }),
+        &settings,
     );
-    let warnings = String::from_utf8_lossy(&out.stderr);
-    assert!(warnings.trim().is_empty(), "the API server warned: {warnings}");
-    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), rendered.manifests.len());
+    for (rendered, dry_run) in [(&full, true), (&minimal, false)] {
+        let list =
+            serde_json::json!({"apiVersion": "v1", "kind": "List", "items": rendered.manifests});
+        let mut args =
+            vec!["apply", "--server-side", "--validate=strict", "--field-manager=render-test"];
+        if dry_run {
+            args.push("--dry-run=server");
+        }
+        let out = plane.kubectl_stdin(&[&args[..], &["-f", "-"]].concat(), &list.to_string());
+        // The namespace warns of the restricted standard on workloads.
+        let warnings = String::from_utf8_lossy(&out.stderr);
+        assert!(warnings.trim().is_empty(), "the API server warned: {warnings}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), rendered.manifests.len());
+    }
+    // The standard is enforced on pods: the ReplicaSet's pods are admitted.
+    plane.wait_for(
+        "the rendered Deployment's pods to be admitted under the restricted standard",
+        Duration::from_secs(60),
+        &["get", "pods", "-n", &namespace, "-l", "gantry.dev/gateway=plain", "-o", "name"],
+        |pods| !pods.is_empty(),
+    );
 }
 
 /// Writes (create, update, patch, delete) in the audit events.

@@ -67,10 +67,21 @@ pub struct Config {
     #[arg(long, env = "GANTRY_NAME_PREFIX", default_value = "")]
     pub name_prefix: String,
 
-    /// `ingressClassName` of gateways' Ingresses (default: the cluster's
-    /// default class).
-    #[arg(long, env = "GANTRY_INGRESS_CLASS", default_value = "")]
+    /// `ingressClassName` of gateways' Ingresses ("" for the cluster's
+    /// default class). Their annotations tell ingress-nginx (and the
+    /// Service tells Traefik) that the backend speaks HTTPS.
+    #[arg(long, env = "GANTRY_INGRESS_CLASS", default_value = "nginx")]
     pub ingress_class: String,
+
+    /// Requests and limits of the gateway container where a gateway's
+    /// `spec.resources` says nothing (requests.NAME=Q,limits.NAME=Q,...).
+    #[arg(long, env = "GANTRY_GATEWAY_RESOURCES", default_value = crate::render::DEFAULT_GATEWAY_RESOURCES, value_parser = crate::render::Resources::parse)]
+    pub gateway_resources: crate::render::Resources,
+
+    /// Requests and limits of the supervisor sidecar
+    /// (requests.NAME=Q,limits.NAME=Q,...).
+    #[arg(long, env = "GANTRY_SUPERVISOR_RESOURCES", default_value = crate::render::DEFAULT_SUPERVISOR_RESOURCES, value_parser = crate::render::Resources::parse)]
+    pub supervisor_resources: crate::render::Resources,
 
     /// How long a route may wait for a load-balancer address on its Ingress
     /// before the gateway is DEGRADED.

@@ -74,6 +74,8 @@ pub fn settings(config: &Config) -> Settings {
             progress_deadline: config.progress_deadline,
             name_prefix: config.name_prefix.clone(),
             ingress_class: config.ingress_class.clone(),
+            gateway_resources: config.gateway_resources.clone(),
+            supervisor_resources: config.supervisor_resources.clone(),
         },
         policy: RecoveryPolicy {
             budget: config.retry_budget,

@@ -5,6 +5,15 @@
 //! Ingress when a route is set, PodDisruptionBudget when replicas > 1. Every
 //! object carries the common labels; the pod template carries the
 //! fingerprint of all rendered inputs, so any change rolls the pods.
+//!
+//! The pod is meant to pass a production review: both containers have
+//! requests and limits (defaults from the reconciler's flags, the gateway's
+//! overridable by `spec.resources`), probes, a restricted security context
+//! with a fixed non-root user, a writable `/tmp` on an `emptyDir` under a
+//! read-only root; the gateway drains on a preStop sleep within its grace
+//! period; replicas spread across zones and nodes; the route's TLS Secret
+//! is mounted where the gateway serves HTTPS, and the Ingress names its
+//! class and tells the controllers the backend speaks HTTPS.
 
 use gantry_api::v1::{Gateway, GatewaySpec};
 use gantry_core::fingerprint::fingerprint;
@@ -29,6 +38,27 @@ pub const SETTINGS_KEY: &str = "gantry.json";
 /// Port the gateway serves on, and its health port.
 pub const GATEWAY_PORT: i32 = 8443;
 pub const HEALTH_PORT: i32 = 8081;
+/// The supervisor's health port (`/healthz`, `/readyz`).
+pub const SUPERVISOR_HEALTH_PORT: i32 = 8082;
+/// Where the route's TLS Secret is mounted in the gateway container.
+pub const TLS_DIR: &str = "/etc/gantry/tls";
+/// The user and group both containers run as (the distroless `nonroot`).
+pub const RUN_AS: i64 = 65532;
+/// Seconds the gateway keeps serving after it is told to stop, so that
+/// Services and load balancers stop sending it traffic first.
+pub const PRE_STOP_SLEEP_SECONDS: i64 = 5;
+/// The pod's grace period: the preStop sleep plus time to finish requests.
+pub const TERMINATION_GRACE_SECONDS: i64 = 45;
+/// Size limit of the writable `/tmp`.
+pub const TMP_SIZE_LIMIT: &str = "64Mi";
+/// Ingress annotations saying the backend speaks HTTPS (ingress-nginx;
+/// Traefik reads its own from the Service), without which those
+/// controllers send plain HTTP to port 8443 and answer 502.
+pub const INGRESS_BACKEND_HTTPS: [(&str, &str); 1] =
+    [("nginx.ingress.kubernetes.io/backend-protocol", "HTTPS")];
+/// Service annotation of the same meaning for Traefik.
+pub const SERVICE_BACKEND_HTTPS: (&str, &str) =
+    ("traefik.ingress.kubernetes.io/service.serversscheme", "https");
 
 /// The kinds a gateway may own, in apply order (pruned in reverse).
 pub const OWNED_KINDS: [(&str, &str); 6] = [
@@ -53,7 +83,88 @@ pub struct RenderSettings {
     /// `spec.ingressClassName` of routes (empty: the cluster's default
     /// class).
     pub ingress_class: String,
+    /// Requests and limits of the gateway container where
+    /// `spec.resources` says nothing.
+    pub gateway_resources: Resources,
+    /// Requests and limits of the supervisor container.
+    pub supervisor_resources: Resources,
 }
+
+/// Requests and limits of a container, by resource name (`cpu`, `memory`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resources {
+    pub requests: std::collections::BTreeMap<String, String>,
+    pub limits: std::collections::BTreeMap<String, String>,
+}
+
+impl Resources {
+    /// Parses `requests.cpu=100m,limits.memory=256Mi,...`; every value a
+    /// quantity, no request above its limit.
+    pub fn parse(text: &str) -> Result<Resources, String> {
+        let mut out = Resources::default();
+        for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (key, value) = item
+                .split_once('=')
+                .ok_or_else(|| format!("{item:?} is not KIND.RESOURCE=QUANTITY"))?;
+            let map = match key.split_once('.') {
+                Some(("requests", name)) if !name.is_empty() => out.requests.entry(name.into()),
+                Some(("limits", name)) if !name.is_empty() => out.limits.entry(name.into()),
+                _ => {
+                    return Err(format!(
+                        "{key:?}: write requests.NAME or limits.NAME (e.g. requests.cpu)"
+                    ))
+                }
+            };
+            gantry_core::syntax::quantity(value)?;
+            map.or_insert_with(|| value.to_string());
+        }
+        for (name, request) in &out.requests {
+            let limit = out.limits.get(name);
+            let over = limit.is_some_and(|l| quantity(request) > quantity(l));
+            if over {
+                return Err(format!(
+                    "requests.{name}={request} is above limits.{name}={}",
+                    limit.map_or("", String::as_str)
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// These defaults with the gateway's own requests and limits over
+    /// them, name by name; a limit the gateway's request would exceed is
+    /// raised to that request (Kubernetes refuses a request above its
+    /// limit).
+    pub fn overlaid(&self, own: Option<&gantry_api::v1::ResourceRequirements>) -> Resources {
+        let mut out = self.clone();
+        let Some(own) = own else { return out };
+        out.requests.extend(own.requests.iter().map(|(k, v)| (k.clone(), v.clone())));
+        out.limits.extend(own.limits.iter().map(|(k, v)| (k.clone(), v.clone())));
+        for (name, request) in &out.requests {
+            if let Some(limit) = out.limits.get_mut(name) {
+                if quantity(request) > quantity(limit) && !own.limits.contains_key(name) {
+                    limit.clone_from(request);
+                }
+            }
+        }
+        out
+    }
+
+    fn to_json(&self) -> Value {
+        json!({"requests": self.requests, "limits": self.limits})
+    }
+}
+
+fn quantity(text: &str) -> i128 {
+    gantry_core::syntax::quantity_nanos(text).unwrap_or(0)
+}
+
+/// The gateway container's defaults: a small gateway's needs, with room.
+pub const DEFAULT_GATEWAY_RESOURCES: &str =
+    "requests.cpu=100m,requests.memory=128Mi,limits.cpu=1,limits.memory=256Mi";
+/// The supervisor's defaults.
+pub const DEFAULT_SUPERVISOR_RESOURCES: &str =
+    "requests.cpu=10m,requests.memory=32Mi,limits.cpu=100m,limits.memory=64Mi";
 
 impl Default for RenderSettings {
     fn default() -> Self {
@@ -63,6 +174,9 @@ impl Default for RenderSettings {
             progress_deadline: std::time::Duration::from_secs(600),
             name_prefix: String::new(),
             ingress_class: String::new(),
+            gateway_resources: Resources::parse(DEFAULT_GATEWAY_RESOURCES).unwrap_or_default(),
+            supervisor_resources: Resources::parse(DEFAULT_SUPERVISOR_RESOURCES)
+                .unwrap_or_default(),
         }
     }
 }
@@ -106,23 +220,20 @@ fn settings_document(spec: &GatewaySpec) -> String {
         "oidc": oidc,
         "credentialDriver": spec.credential_driver,
         "route": spec.route.as_ref().map(|r| json!({"host": r.host, "tlsSecretName": r.tls_secret_name})),
+        "tls": tls_secret(spec).map(|_| json!({
+            "certFile": format!("{TLS_DIR}/tls.crt"),
+            "keyFile": format!("{TLS_DIR}/tls.key"),
+        })),
     });
     // Sorted keys (serde_json maps are ordered), so equal settings give
     // equal bytes.
     serde_json::to_string_pretty(&document).unwrap_or_default()
 }
 
-fn resources(spec: &GatewaySpec) -> Value {
-    let mut out = Map::new();
-    if let Some(r) = &spec.resources {
-        if !r.requests.is_empty() {
-            out.insert("requests".into(), json!(r.requests));
-        }
-        if !r.limits.is_empty() {
-            out.insert("limits".into(), json!(r.limits));
-        }
-    }
-    Value::Object(out)
+/// The Secret with the certificate the gateway serves HTTPS with: the
+/// route's.
+fn tls_secret(spec: &GatewaySpec) -> Option<&str> {
+    spec.route.as_ref().map(|r| r.tls_secret_name.as_str()).filter(|s| !s.is_empty())
 }
 
 fn security_context() -> Value {
@@ -164,13 +275,40 @@ pub fn render(gateway: &Gateway, settings: &RenderSettings) -> Rendered {
             "spec": {
                 "type": "ClusterIP",
                 "selector": selector,
-                "ports": [{"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP"}],
+                "ports": [{"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP", "appProtocol": "https"}],
             },
         }),
     ];
-    let probe =
-        |path: &str| json!({"httpGet": {"path": path, "port": "health"}, "periodSeconds": 10});
+    let (key, value) = SERVICE_BACKEND_HTTPS;
+    manifests[2]["metadata"]["annotations"][key] = json!(value);
+    let probe = |path: &str, port: &str| json!({"httpGet": {"path": path, "port": port}, "periodSeconds": 10, "timeoutSeconds": 2, "failureThreshold": 3});
     let pod_labels = common_labels(gateway_name, uid);
+    let mut gateway_mounts = vec![
+        json!({"name": "config", "mountPath": "/etc/gantry", "readOnly": true}),
+        json!({"name": "tmp", "mountPath": "/tmp"}),
+    ];
+    let mut volumes = vec![
+        json!({"name": "config", "configMap": {"name": name}}),
+        json!({"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}}),
+    ];
+    if let Some(secret) = tls_secret(spec) {
+        gateway_mounts.push(json!({"name": "tls", "mountPath": TLS_DIR, "readOnly": true}));
+        volumes
+            .push(json!({"name": "tls", "secret": {"secretName": secret, "defaultMode": 0o440}}));
+    }
+    let mut supervisor_args = vec![
+        "--config=/etc/gantry/gantry.json".to_string(),
+        format!("--health-listen=0.0.0.0:{SUPERVISOR_HEALTH_PORT}"),
+    ];
+    if !spec.credential_driver.is_empty() {
+        supervisor_args.push(format!("--credential-driver={}", spec.credential_driver));
+    }
+    let spread = |key: &str| {
+        json!({
+            "maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": selector}, "matchLabelKeys": ["pod-template-hash"],
+        })
+    };
     let mut deployment = json!({
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata(name, ns),
         "spec": {
@@ -181,7 +319,12 @@ pub fn render(gateway: &Gateway, settings: &RenderSettings) -> Rendered {
                 "spec": {
                     "serviceAccountName": name,
                     "automountServiceAccountToken": false,
-                    "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                    "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+                    "securityContext": {
+                        "runAsNonRoot": true, "runAsUser": RUN_AS, "runAsGroup": RUN_AS, "fsGroup": RUN_AS,
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "topologySpreadConstraints": [spread("topology.kubernetes.io/zone"), spread("kubernetes.io/hostname")],
                     "containers": [
                         {
                             "name": "gateway",
@@ -190,21 +333,29 @@ pub fn render(gateway: &Gateway, settings: &RenderSettings) -> Rendered {
                                 {"name": "https", "containerPort": GATEWAY_PORT, "protocol": "TCP"},
                                 {"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"},
                             ],
-                            "readinessProbe": probe("/readyz"),
-                            "livenessProbe": probe("/healthz"),
-                            "resources": resources(spec),
+                            "readinessProbe": probe("/readyz", "health"),
+                            "livenessProbe": probe("/healthz", "health"),
+                            "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SLEEP_SECONDS}}},
+                            "resources": settings.gateway_resources.overlaid(spec.resources.as_ref()).to_json(),
                             "securityContext": security_context(),
-                            "volumeMounts": [{"name": "config", "mountPath": "/etc/gantry", "readOnly": true}],
+                            "volumeMounts": gateway_mounts,
                         },
                         {
                             "name": "supervisor",
                             "image": supervisor_image,
-                            "args": ["--config=/etc/gantry/gantry.json", format!("--credential-driver={}", spec.credential_driver)],
+                            "args": supervisor_args,
+                            "ports": [{"name": "supervisor", "containerPort": SUPERVISOR_HEALTH_PORT, "protocol": "TCP"}],
+                            "readinessProbe": probe("/readyz", "supervisor"),
+                            "livenessProbe": probe("/healthz", "supervisor"),
+                            "resources": settings.supervisor_resources.to_json(),
                             "securityContext": security_context(),
-                            "volumeMounts": [{"name": "config", "mountPath": "/etc/gantry", "readOnly": true}],
+                            "volumeMounts": [
+                                {"name": "config", "mountPath": "/etc/gantry", "readOnly": true},
+                                {"name": "tmp", "mountPath": "/tmp"},
+                            ],
                         },
                     ],
-                    "volumes": [{"name": "config", "configMap": {"name": name}}],
+                    "volumes": volumes,
                 },
             },
         },
@@ -225,6 +376,9 @@ pub fn render(gateway: &Gateway, settings: &RenderSettings) -> Rendered {
         });
         if !settings.ingress_class.is_empty() {
             ingress["spec"]["ingressClassName"] = json!(settings.ingress_class);
+        }
+        for (key, value) in INGRESS_BACKEND_HTTPS {
+            ingress["metadata"]["annotations"][key] = json!(value);
         }
         if !route.tls_secret_name.is_empty() {
             ingress["spec"]["tls"] =
@@ -301,6 +455,116 @@ mod tests {
                 limits: [("memory".to_string(), "512Mi".to_string())].into(),
             }),
         }
+    }
+
+    fn containers(r: &Rendered) -> Vec<Value> {
+        let deployment = r.manifests.iter().find(|m| m["kind"] == "Deployment").unwrap();
+        deployment["spec"]["template"]["spec"]["containers"].as_array().unwrap().clone()
+    }
+
+    #[test]
+    fn the_pod_passes_a_production_review() {
+        for spec in [minimal(), full()] {
+            let rendered = render(&gateway(spec.clone()), &RenderSettings::default());
+            let deployment = rendered.manifests.iter().find(|m| m["kind"] == "Deployment").unwrap();
+            let pod = &deployment["spec"]["template"]["spec"];
+            for container in containers(&rendered) {
+                let name = container["name"].as_str().unwrap().to_string();
+                for kind in ["requests", "limits"] {
+                    for resource in ["cpu", "memory"] {
+                        assert!(
+                            container["resources"][kind][resource].is_string(),
+                            "{name}: {kind}.{resource}"
+                        );
+                    }
+                }
+                for probe in ["readinessProbe", "livenessProbe"] {
+                    assert!(container[probe]["httpGet"]["port"].is_string(), "{name}: {probe}");
+                }
+                assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true, "{name}");
+                let mounts = container["volumeMounts"].as_array().unwrap();
+                assert!(
+                    mounts.iter().any(|m| m["mountPath"] == "/tmp" && m["readOnly"].is_null()),
+                    "{name}: writable /tmp"
+                );
+                for arg in container["args"].as_array().into_iter().flatten() {
+                    assert!(!arg.as_str().unwrap().ends_with('='), "{name}: empty argument {arg}");
+                }
+            }
+            assert_eq!(pod["securityContext"]["runAsUser"], RUN_AS);
+            assert_eq!(pod["securityContext"]["runAsGroup"], RUN_AS);
+            assert_eq!(pod["terminationGracePeriodSeconds"], TERMINATION_GRACE_SECONDS);
+            let gateway = &containers(&rendered)[0];
+            assert_eq!(gateway["lifecycle"]["preStop"]["sleep"]["seconds"], PRE_STOP_SLEEP_SECONDS);
+            let keys: Vec<&str> = pod["topologySpreadConstraints"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["topologyKey"].as_str().unwrap())
+                .collect();
+            assert_eq!(keys, ["topology.kubernetes.io/zone", "kubernetes.io/hostname"]);
+            let volumes = pod["volumes"].as_array().unwrap();
+            let tmp = volumes.iter().find(|v| v["name"] == "tmp").unwrap();
+            assert_eq!(tmp["emptyDir"]["sizeLimit"], TMP_SIZE_LIMIT);
+            // The route's TLS Secret is mounted where the gateway serves.
+            let tls = volumes.iter().find(|v| v["name"] == "tls");
+            let mounted = gateway["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["mountPath"] == TLS_DIR);
+            let secret =
+                spec.route.as_ref().map(|r| r.tls_secret_name.as_str()).filter(|s| !s.is_empty());
+            assert_eq!(tls.map(|v| v["secret"]["secretName"].as_str().unwrap()), secret);
+            assert_eq!(mounted, secret.is_some());
+        }
+        // The Ingress names its class and says the backend speaks HTTPS.
+        let rendered = render(
+            &gateway(full()),
+            &RenderSettings { ingress_class: "nginx".into(), ..RenderSettings::default() },
+        );
+        let ingress = rendered.manifests.iter().find(|m| m["kind"] == "Ingress").unwrap();
+        assert_eq!(ingress["spec"]["ingressClassName"], "nginx");
+        assert_eq!(
+            ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/backend-protocol"],
+            "HTTPS"
+        );
+        let service = rendered.manifests.iter().find(|m| m["kind"] == "Service").unwrap();
+        assert_eq!(service["spec"]["ports"][0]["appProtocol"], "https");
+    }
+
+    #[test]
+    fn resources_default_from_flags_and_yield_to_the_gateways_own() {
+        let defaults = Resources::parse(DEFAULT_GATEWAY_RESOURCES).unwrap();
+        assert_eq!(defaults.requests["cpu"], "100m");
+        assert_eq!(defaults.limits["memory"], "256Mi");
+        // The gateway's own win name by name; a limit its request exceeds
+        // is raised to the request; one it sets itself is kept.
+        let own = ResourceRequirements {
+            requests: [
+                ("cpu".to_string(), "2".to_string()),
+                ("memory".to_string(), "64Mi".to_string()),
+            ]
+            .into(),
+            limits: [("ephemeral-storage".to_string(), "1Gi".to_string())].into(),
+        };
+        let merged = defaults.overlaid(Some(&own));
+        assert_eq!(merged.requests["cpu"], "2");
+        assert_eq!(merged.limits["cpu"], "2", "raised to the request");
+        assert_eq!(merged.requests["memory"], "64Mi");
+        assert_eq!(merged.limits["memory"], "256Mi");
+        assert_eq!(merged.limits["ephemeral-storage"], "1Gi");
+        assert_eq!(defaults.overlaid(None), defaults);
+        for bad in [
+            "requests.cpu",
+            "cpu=1",
+            "requests.cpu=lots",
+            "requests.cpu=2,limits.cpu=1",
+            "requests.=1",
+        ] {
+            assert!(Resources::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(Resources::parse("").unwrap(), Resources::default());
     }
 
     fn kinds(r: &Rendered) -> Vec<&str> {
