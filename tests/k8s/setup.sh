@@ -10,9 +10,11 @@
 #              version; a second run finds them there and takes seconds.
 #   etcd       Debian's etcd-server (etcd 3.4): the anchor `gantry-bench
 #              versus` runs side by side with gantry (needs root).
+#   promtool   Debian's prometheus package, for `promtool check rules` and
+#              `promtool test rules` on deploy/monitoring (needs root).
 #   bin-dir    print the directory the k8s binaries are (or would be) in, and
 #              build nothing; the Rust test harness asks this.
-#   all        postgres, etcd, then k8s (the default).
+#   all        postgres, etcd, promtool, then k8s (the default).
 #
 # Everything is fetched through Debian's packages and the Go module proxy.
 # GANTRY_K8S_CACHE moves the cache (default ~/.cache/gantry/k8s).
@@ -74,6 +76,16 @@ setup_etcd() {
   echo "etcd: $(etcd --version | head -n1) (started by gantry-bench versus, not here)"
 }
 
+setup_promtool() {
+  if ! command -v promtool >/dev/null; then
+    echo "promtool: installing prometheus from Debian's packages"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  fi
+  echo "promtool: $(promtool --version 2>&1 | head -n1)"
+}
+
 setup_k8s() {
   local dir tmp version minor ldflags
   dir="$(bin_dir)"
@@ -112,6 +124,7 @@ case "${1:-all}" in
   k8s) setup_k8s ;;
   bin-dir) bin_dir ;;
   etcd) setup_etcd ;;
-  all) setup_postgres; setup_etcd; setup_k8s ;;
-  *) echo "usage: $0 [all|postgres|etcd|k8s|bin-dir]" >&2; exit 2 ;;
+  promtool) setup_promtool ;;
+  all) setup_postgres; setup_etcd; setup_promtool; setup_k8s ;;
+  *) echo "usage: $0 [all|postgres|etcd|promtool|k8s|bin-dir]" >&2; exit 2 ;;
 esac

@@ -19,7 +19,8 @@ fn the_go_client_passes_its_tests_against_a_real_store() {
         return;
     }
     let module = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../clients/go");
-    let unformatted = Command::new("gofmt").arg("-l").arg(".").current_dir(&module).output().unwrap();
+    let unformatted =
+        Command::new("gofmt").arg("-l").arg(".").current_dir(&module).output().unwrap();
     let unformatted = String::from_utf8_lossy(&unformatted.stdout).into_owned();
     assert!(unformatted.trim().is_empty(), "gofmt would change: {unformatted}");
     let out = Command::new("go")

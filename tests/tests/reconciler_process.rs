@@ -358,10 +358,14 @@ fn while_the_store_is_unreachable_the_reconciler_says_so_and_is_not_ready() {
         reconciler.logs().contains("cannot watch gateway-store; retrying")
     });
     assert!(readyz().contains("Unavailable"), "the reason: {}", readyz());
+    let metrics = || http_get(reconciler.http, "/metrics").unwrap_or_default();
+    assert!(metrics().contains("gantry_reconciler_store_watch_up 0"), "{}", metrics());
+    assert!(metrics().contains("gantry_reconciler_leader 1"), "no election: it leads");
 
     store.spawn();
     eventually("ready once the store is back", || readyz().starts_with("HTTP/1.1 200"));
     assert!(reconciler.logs().contains("the watch of gateway-store is back"));
+    assert!(metrics().contains("gantry_reconciler_store_watch_up 1"), "{}", metrics());
     // The store logs in its human format to a file: no colour codes there.
     let logs = store.logs();
     assert!(logs.contains("INFO") && !logs.contains('\u{1b}'), "{logs}");

@@ -266,6 +266,8 @@ impl Controller {
     /// Refreshes the gauges read at scrape time.
     pub fn update_gauges(&self) {
         self.metrics.queue_depth.set(i64::try_from(self.queue.len()).unwrap_or(i64::MAX));
+        let watching = lock(&self.watch_down).is_none() && self.is_synced();
+        self.metrics.store_watch_up.set(i64::from(watching));
         let mut counts: HashMap<String, i64> =
             ALL_PHASES.iter().map(|p| (phase_name(*p), 0)).collect();
         for g in lock(&self.cache).values() {
@@ -335,9 +337,12 @@ impl Controller {
         let mut tasks = Vec::new();
         {
             let (controller, mut leading) = (self.clone(), leading.clone());
+            controller.metrics.leader.set(i64::from(*leading.borrow()));
             tasks.push(tokio::spawn(async move {
                 while leading.changed().await.is_ok() {
-                    if *leading.borrow_and_update() {
+                    let now_leading = *leading.borrow_and_update();
+                    controller.metrics.leader.set(i64::from(now_leading));
+                    if now_leading {
                         lock(&controller.records).clear();
                         controller.requeue_all();
                     }

@@ -37,6 +37,10 @@ pub struct Metrics {
     /// Time per stage of a change's way to observed: `queue` (store event
     /// to pass start), `apply`, `observe`, `status_write`.
     pub stages: Family<StageLabels, Histogram, fn() -> Histogram>,
+    /// 1 while this replica leads (always 1 without leader election).
+    pub leader: Gauge,
+    /// 1 while the watch of gateway-store is up and has listed.
+    pub store_watch_up: Gauge,
 }
 
 fn stage_histogram() -> Histogram {
@@ -73,7 +77,16 @@ impl Default for Metrics {
             "Time per stage of convergence: queue (store event to pass start), apply, observe, status_write",
             stages.clone(),
         );
+        let (leader, store_watch_up) = (Gauge::default(), Gauge::default());
+        registry.register("leader", "1 while this replica leads and reconciles", leader.clone());
+        registry.register(
+            "store_watch_up",
+            "1 while the watch of gateway-store is up and has listed; 0 while it is down or listing",
+            store_watch_up.clone(),
+        );
         Self {
+            leader,
+            store_watch_up,
             registry,
             reconciles,
             reconcile_duration,

@@ -259,7 +259,8 @@ pub async fn serve(
         },
     ));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let (writer, writer_task) = Writer::spawn(settings.storage.clone(), hub.clone());
+    let (writer, writer_task) =
+        Writer::spawn(settings.storage.clone(), hub.clone(), metrics.write_batches_failed.clone());
     let tailer = tokio::spawn(background::run_tailer(
         settings.storage.clone(),
         hub.clone(),
@@ -277,6 +278,7 @@ pub async fn serve(
         hub: hub.clone(),
         bookmark_interval: settings.watch.bookmark_interval,
         stop: stop_rx.clone(),
+        too_slow: metrics.watchers_too_slow.clone(),
     };
     tokio::spawn(auth::reload_on_change(settings.auth.clone(), stop_rx.clone()));
     let api = GatewayApi::new(writer, watch, settings.auth.clone(), metrics.clone())

@@ -41,6 +41,10 @@ pub struct Metrics {
     pub watch_revision: Gauge,
     /// The gRPC listener's connections.
     pub connections: crate::conn::ConnectionMetrics,
+    /// Write batches that did not commit (every write in them failed).
+    pub write_batches_failed: Counter,
+    /// Watchers ended for falling too far behind.
+    pub watchers_too_slow: Counter,
 }
 
 impl Default for Metrics {
@@ -115,7 +119,20 @@ impl Default for Metrics {
             "Failed accepts on the gRPC listener (e.g. out of file descriptors)",
             connections.accept_errors.clone(),
         );
+        let (write_batches_failed, watchers_too_slow) = (Counter::default(), Counter::default());
+        registry.register(
+            "write_batches_failed",
+            "Write batches that did not commit: every write in them failed (database errors)",
+            write_batches_failed.clone(),
+        );
+        registry.register(
+            "watchers_too_slow",
+            "Watchers ended RESOURCE_EXHAUSTED (WATCHER_TOO_SLOW) for falling too far behind",
+            watchers_too_slow.clone(),
+        );
         Self {
+            write_batches_failed,
+            watchers_too_slow,
             registry,
             requests,
             latency,

@@ -104,6 +104,8 @@ pub struct WatchContext {
     pub hub: Arc<WatchHub>,
     pub bookmark_interval: Duration,
     pub stop: watch::Receiver<bool>,
+    /// Watchers ended for falling behind (`WATCHER_TOO_SLOW`).
+    pub too_slow: prometheus_client::metrics::counter::Counter,
 }
 
 /// The initial objects of a `send_initial_events` watch, read page by page
@@ -293,6 +295,7 @@ async fn next(s: &mut State) -> Option<Result<WatchEvent, Status>> {
             Read::TooSlow { events, bytes } => {
                 let why =
                     format!("watcher fell {events} events ({bytes} bytes) behind and was ended");
+                s.ctx.too_slow.inc();
                 return Some(Err(s.end(Code::ResourceExhausted, why, REASON_TOO_SLOW)));
             }
             Read::Reset => {

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::hub::WatchHub;
@@ -35,12 +36,14 @@ impl std::fmt::Debug for Job {
 impl Writer {
     /// Starts the writer task. It ends when every `Writer` handle is
     /// dropped, after finishing the writes already queued.
+    /// `failed` counts the batches that did not commit.
     pub fn spawn(
         storage: Arc<dyn Storage>,
         hub: Arc<WatchHub>,
+        failed: Counter,
     ) -> (Writer, tokio::task::JoinHandle<()>) {
         let (queue, jobs) = mpsc::channel(QUEUE);
-        let task = tokio::spawn(run(jobs, storage, hub));
+        let task = tokio::spawn(run(jobs, storage, hub, failed));
         (Writer { queue }, task)
     }
 
@@ -63,7 +66,12 @@ impl Writer {
     }
 }
 
-async fn run(mut jobs: mpsc::Receiver<Job>, storage: Arc<dyn Storage>, hub: Arc<WatchHub>) {
+async fn run(
+    mut jobs: mpsc::Receiver<Job>,
+    storage: Arc<dyn Storage>,
+    hub: Arc<WatchHub>,
+    failed: Counter,
+) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while jobs.recv_many(&mut batch, MAX_BATCH).await > 0 {
         let (writes, replies): (Vec<_>, Vec<_>) =
@@ -77,6 +85,7 @@ async fn run(mut jobs: mpsc::Receiver<Job>, storage: Arc<dyn Storage>, hub: Arc<
                 }
             }
             Err(e) => {
+                failed.inc();
                 tracing::warn!(error = %e, writes = replies.len(), "batch did not commit");
                 let reason = e.to_string();
                 let unknown = matches!(e, StorageError::CommitUnknown(_));

@@ -1,0 +1,141 @@
+//! deploy/monitoring: the alerting rules pass `promtool check rules` and
+//! their unit tests (`promtool test rules`), and every metric the rules
+//! and the Grafana dashboard name is one the store and the reconciler
+//! export (scraped from real processes that did some work).
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use gantry_e2e::{
+    http_get, in_ci, skipped, temp_dir, wait_for_gateway, ReconcilerProcess, StoreProcess,
+};
+
+fn monitoring() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/monitoring")
+}
+
+#[test]
+fn the_alerting_rules_pass_promtool_and_their_unit_tests() {
+    if Command::new("promtool").arg("--version").output().is_err() {
+        assert!(!in_ci(), "promtool is not installed: tests/k8s/setup.sh promtool installs it");
+        skipped("promtool is not installed (tests/k8s/setup.sh promtool): alert rules not checked");
+        return;
+    }
+    for args in [["check", "rules", "alerts.yaml"], ["test", "rules", "alerts_test.yaml"]] {
+        let out = Command::new("promtool").args(args).current_dir(monitoring()).output().unwrap();
+        assert!(
+            out.status.success(),
+            "promtool {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Metric names a PromQL text names (gantry's only).
+fn named(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("gantry_") {
+        let tail = &rest[at..];
+        let end =
+            tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
+        let name = &tail[..end];
+        // Not a label value or a name inside another word.
+        let before = rest[..at].chars().last();
+        if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == '"' || c == '/') {
+            names.insert(name.to_string());
+        }
+        rest = &tail[end..];
+    }
+    names
+}
+
+/// The sample names of an exposition (`name{...} value`).
+fn exported(exposition: &str) -> BTreeSet<String> {
+    exposition
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(|l| l.split(['{', ' ']).next().unwrap().to_string())
+        .collect()
+}
+
+fn scrape(port: u16) -> String {
+    let answer = http_get(port, "/metrics").unwrap();
+    answer.split("\r\n\r\n").nth(1).unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_the_dashboard_and_the_rules_name_is_exported() {
+    let dir = temp_dir("monitoring");
+    let database = format!("sqlite://{}", dir.join("gantry.db").display());
+    let store = StoreProcess::start(&database, &dir);
+    let directory = dir.join("manifests");
+    let reconciler = ReconcilerProcess::start(
+        &store.endpoint(),
+        &["--target", "directory", "--directory", directory.to_str().unwrap()],
+    );
+    // Some work, so that every family has its series.
+    let client = gantry_client::ClientConfig { endpoint: store.endpoint(), ..Default::default() }
+        .connect_lazy()
+        .unwrap();
+    let gateway = gantry_api::v1::Gateway {
+        metadata: Some(gantry_api::v1::ObjectMeta { name: "edge".into(), ..Default::default() }),
+        spec: Some(gantry_api::v1::GatewaySpec {
+            image: "ghcr.io/acme/gw:1".into(),
+            ..Default::default()
+        }),
+        status: None,
+    };
+    client
+        .clone()
+        .create_gateway(gantry_api::v1::CreateGatewayRequest {
+            gateway: Some(gateway),
+            validate_only: false,
+        })
+        .await
+        .unwrap();
+    wait_for_gateway(
+        &client,
+        "edge",
+        "converged",
+        Duration::from_secs(60),
+        |g| g.status.as_ref().is_some_and(|s| s.observed_generation == 1),
+        || reconciler.logs(),
+    )
+    .await;
+
+    let mut available = exported(&scrape(store.http));
+    available.extend(exported(&scrape(reconciler.http)));
+    let rules = std::fs::read_to_string(monitoring().join("alerts.yaml")).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(monitoring().join("dashboard.json")).unwrap(),
+    )
+    .unwrap();
+    let queries: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .map(|t| t["expr"].as_str().unwrap().to_string())
+        .collect();
+    assert!(queries.len() >= 10, "the dashboard has its queries");
+    // The rules' expressions, not their prose.
+    let expressions: Vec<&str> =
+        rules.lines().filter(|l| l.trim_start().starts_with("expr:")).collect();
+    assert_eq!(expressions.len(), 7, "every alert's expression");
+    let mut wanted = named(&expressions.join("\n"));
+    for query in &queries {
+        wanted.extend(named(query));
+    }
+    assert!(wanted.len() >= 10, "{wanted:?}");
+    let missing: Vec<&String> = wanted.iter().filter(|n| !available.contains(*n)).collect();
+    assert!(missing.is_empty(), "named but not exported: {missing:?}\nexported: {available:?}");
+    drop(reconciler);
+    let _ = std::fs::remove_dir_all(dir);
+}
