@@ -1,0 +1,174 @@
+//! docs/operations.md's backup and restore, as written there, on both
+//! backends: a SQLite backup taken with `sqlite3 .backup` while the store
+//! runs, and a `pg_dump` restored with `pg_restore` into a new database,
+//! each give a working store with exactly the backed-up gateways; a
+//! watcher ahead of the restored revision is told to relist.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::process::Command;
+
+use gantry_api::v1::{
+    CreateGatewayRequest, Gateway, GatewaySpec, ListGatewaysRequest, ObjectMeta,
+    UpdateGatewayRequest, WatchGatewaysRequest,
+};
+use gantry_client::GatewayClient;
+use gantry_e2e::{in_ci, skipped, temp_dir, StoreProcess, TempPostgres};
+use tokio_stream::StreamExt;
+
+fn client(store: &StoreProcess) -> GatewayClient {
+    gantry_client::ClientConfig { endpoint: store.endpoint(), ..Default::default() }
+        .connect_lazy()
+        .unwrap()
+}
+
+fn gateway(name: &str, image: &str) -> Gateway {
+    Gateway {
+        metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
+        spec: Some(GatewaySpec { image: image.into(), ..Default::default() }),
+        status: None,
+    }
+}
+
+async fn create(c: &GatewayClient, name: &str, image: &str) -> i64 {
+    let request =
+        CreateGatewayRequest { gateway: Some(gateway(name, image)), validate_only: false };
+    let g = c.clone().create_gateway(request).await.unwrap().into_inner();
+    g.metadata.unwrap().resource_version
+}
+
+async fn update(c: &GatewayClient, name: &str, image: &str) -> i64 {
+    let mask = prost_types::FieldMask { paths: vec!["spec".into()] };
+    let request = UpdateGatewayRequest {
+        gateway: Some(gateway(name, image)),
+        update_mask: Some(mask),
+        validate_only: false,
+    };
+    let g = c.clone().update_gateway(request).await.unwrap().into_inner();
+    g.metadata.unwrap().resource_version
+}
+
+/// Every gateway with its image, and the store revision.
+async fn contents(c: &GatewayClient) -> (Vec<(String, String)>, i64) {
+    let request = ListGatewaysRequest { page_size: 1000, ..Default::default() };
+    let page = c.clone().list_gateways(request).await.unwrap().into_inner();
+    let gateways = page
+        .gateways
+        .into_iter()
+        .map(|g| (g.metadata.unwrap().name, g.spec.unwrap().image))
+        .collect();
+    (gateways, page.resource_version)
+}
+
+fn tool(name: &str) -> bool {
+    let present = Command::new(name).arg("--version").output().is_ok_and(|o| o.status.success());
+    if !present {
+        assert!(!in_ci(), "{name} is not installed");
+        skipped(&format!("{name} is not installed: its backup and restore were not tested"));
+    }
+    present
+}
+
+fn run(program: &str, args: &[&str]) {
+    let out = Command::new(program).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{program} {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Writes before the backup, more after it; returns what the backup holds
+/// and the newest revision any watcher could have seen.
+async fn before_and_after_the_backup(
+    c: &GatewayClient,
+    backup: impl FnOnce(),
+) -> ((Vec<(String, String)>, i64), i64) {
+    create(c, "edge", "ghcr.io/acme/gw:1").await;
+    create(c, "tail", "ghcr.io/acme/gw:1").await;
+    update(c, "edge", "ghcr.io/acme/gw:2").await;
+    let backed_up = contents(c).await;
+    backup();
+    create(c, "late", "ghcr.io/acme/gw:1").await;
+    let newest = update(c, "edge", "ghcr.io/acme/gw:3").await;
+    (backed_up, newest)
+}
+
+/// The restored store has exactly the backup, takes writes from the next
+/// revision, and tells a watcher from a revision it never had to relist.
+async fn check_restored(c: &GatewayClient, backed_up: &(Vec<(String, String)>, i64), newest: i64) {
+    let restored = contents(c).await;
+    assert_eq!(&restored, backed_up, "the restored store holds exactly the backup");
+    let watch = WatchGatewaysRequest { resource_version: newest, ..Default::default() };
+    let refused = match c.clone().watch_gateways(watch).await {
+        Err(status) => status,
+        Ok(stream) => stream.into_inner().next().await.unwrap().unwrap_err(),
+    };
+    assert!(gantry_client::watch::is_compacted(&refused), "relist: {refused:?}");
+    assert_eq!(create(c, "after", "ghcr.io/acme/gw:1").await, backed_up.1 + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sqlite_backup_restores_into_a_working_store() {
+    if !tool("sqlite3") {
+        return;
+    }
+    let dir = temp_dir("backup-sqlite");
+    let db = dir.join("gantry.db");
+    let backup = dir.join("backup.db");
+    let mut store = StoreProcess::start(&format!("sqlite://{}", db.display()), &dir);
+    let c = client(&store);
+    // Online: the store keeps running (and writing) during the backup.
+    let (backed_up, newest) = before_and_after_the_backup(&c, || {
+        run("sqlite3", &[db.to_str().unwrap(), &format!(".backup '{}'", backup.display())]);
+    })
+    .await;
+
+    // Restore: stop the store, put the backup in place (without the old
+    // WAL), start it again.
+    store.kill9();
+    for stale in ["gantry.db-wal", "gantry.db-shm"] {
+        let _ = std::fs::remove_file(dir.join(stale));
+    }
+    std::fs::copy(&backup, &db).unwrap();
+    store.spawn();
+    check_restored(&client(&store), &backed_up, newest).await;
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pg_dump_restores_into_a_new_database() {
+    let Some(source) = TempPostgres::create().await else { return };
+    if !tool("pg_dump") || !tool("pg_restore") {
+        return;
+    }
+    let target = TempPostgres::create().await.unwrap();
+    let dir = temp_dir("backup-postgres");
+    let dump = dir.join("gantry.dump");
+    let store = StoreProcess::start(&source.url, &dir);
+    let c = client(&store);
+    let (backed_up, newest) = before_and_after_the_backup(&c, || {
+        run(
+            "pg_dump",
+            &["--format=custom", "--dbname", &source.url, "--file", dump.to_str().unwrap()],
+        );
+    })
+    .await;
+    drop(store);
+
+    run(
+        "pg_restore",
+        &["--no-owner", "--exit-on-error", "--dbname", &target.url, dump.to_str().unwrap()],
+    );
+    let restored_dir = dir.join("restored");
+    std::fs::create_dir_all(&restored_dir).unwrap();
+    let restored = StoreProcess::start(&target.url, &restored_dir);
+    check_restored(&client(&restored), &backed_up, newest).await;
+    drop(restored);
+    source.drop_database().await;
+    target.drop_database().await;
+    let _ = std::fs::remove_dir_all(Path::new(&dir));
+}
