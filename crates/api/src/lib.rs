@@ -25,6 +25,12 @@ pub use prost_types;
 /// version, for `gatewayctl version`.
 pub const VERSION_HEADER: &str = "gantry-server-version";
 
+/// Annotation holding the W3C `traceparent` of the request that made a
+/// gateway's current generation: written by the store, read by the
+/// reconciler, whose pass for that generation continues the trace. Absent
+/// when that request carried no sampled trace.
+pub const TRACE_ANNOTATION: &str = "gantry.dev/traceparent";
+
 /// `google.rpc.ErrorInfo` of gantry's errors: the domain and the reasons a
 /// client acts on. Named here once for the store and every client.
 pub mod reasons {

@@ -59,6 +59,8 @@ impl tonic::service::Interceptor for BearerToken {
         if let Some(value) = value {
             request.metadata_mut().insert("authorization", value);
         }
+        // The caller's trace continues in the store (W3C traceparent).
+        gantry_telemetry::inject(request.metadata_mut());
         Ok(request)
     }
 }

@@ -125,6 +125,23 @@ fn copy_spec_field(target: &mut GatewaySpec, source: &GatewaySpec, field: &str) 
     }
 }
 
+/// Records on `write` the trace of the request that made a new generation:
+/// the annotation [`gantry_api::TRACE_ANNOTATION`] becomes that request's
+/// W3C `traceparent`, or is removed when it carried none (a stale one would
+/// tie the reconciler's pass to another change). A write that made no new
+/// generation keeps the annotation as it was.
+pub fn record_trace(write: Write, previous_generation: i64, traceparent: Option<&str>) -> Write {
+    let Write::Put(mut gateway) = write else { return write };
+    let m = meta_mut(&mut gateway);
+    if m.generation != previous_generation {
+        match traceparent {
+            Some(tp) => m.annotations.insert(gantry_api::TRACE_ANNOTATION.into(), tp.into()),
+            None => m.annotations.remove(gantry_api::TRACE_ANNOTATION),
+        };
+    }
+    Write::Put(gateway)
+}
+
 /// Rules 2 to 6 for UpdateGateway: applies the fields named in `mask` from
 /// `incoming` to `current`, checking ownership, the resource_version
 /// precondition, validation, the generation rule and the status rules.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use gantry_core::duration::parse_duration;
 use gantry_ctl::config::{default_path, ConfigFile};
 use gantry_ctl::manifest::{self, GatewayDoc, Metadata, Route, Spec};
@@ -620,8 +620,27 @@ async fn run(cli: Cli) -> Result<ExitCode, CtlError> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match run(cli).await {
+    let matches = Cli::command().get_matches();
+    let command = matches.subcommand_name().unwrap_or_default().to_string();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // With OTEL_EXPORTER_OTLP_ENDPOINT set, the command is a trace whose
+    // context goes with every call to the store (and from there to the
+    // reconciler's pass for the generation it makes).
+    let telemetry = gantry_telemetry::otlp_endpoint(None).and_then(|endpoint| {
+        let filter = tracing_subscriber::EnvFilter::new("off");
+        let installed = gantry_telemetry::init(
+            "gatewayctl",
+            filter,
+            gantry_telemetry::LogStyle::Off,
+            Some(&endpoint),
+        );
+        installed.map_err(|e| eprintln!("warning: traces are off: {e}")).ok()
+    });
+    let span = tracing::info_span!("gatewayctl", otel.name = format!("gatewayctl {command}"));
+    let outcome = tracing::Instrument::instrument(run(cli), span).await;
+    // Flushes the command's spans before the process ends.
+    drop(telemetry);
+    match outcome {
         Ok(code) => code,
         Err(CtlError::Reported) => ExitCode::FAILURE,
         // The reader went away (`| head`): nothing more to say.

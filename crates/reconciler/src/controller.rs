@@ -462,6 +462,14 @@ impl Controller {
         let started = std::time::Instant::now();
         let generation = gateway.metadata.as_ref().map_or(0, |m| m.generation);
         let span = tracing::info_span!("reconcile", gateway = name, generation);
+        // The pass for a new generation continues the trace of the write
+        // that made it (the store recorded its traceparent).
+        let observed = gateway.status.as_ref().map_or(0, |s| s.observed_generation);
+        let trace =
+            gateway.metadata.as_ref().and_then(|m| m.annotations.get(gantry_api::TRACE_ANNOTATION));
+        if let (true, Some(traceparent)) = (observed != generation, trace) {
+            gantry_telemetry::set_parent(&span, gantry_telemetry::from_traceparent(traceparent));
+        }
         let result = tracing::Instrument::instrument(self.reconcile(gateway), span).await;
         self.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
         match result {

@@ -207,18 +207,17 @@ fn default_identity() -> String {
 }
 
 /// Installs the tracing subscriber for the binary.
-pub fn init_logging(config: &Config) {
+pub fn init_logging(
+    config: &Config,
+) -> Result<gantry_telemetry::Telemetry, gantry_telemetry::TelemetryError> {
     let filter = tracing_subscriber::EnvFilter::try_new(&config.log_level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Colour only on a terminal: a log file or collector gets plain text.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    match config.log_format {
-        LogFormat::Json => builder.json().flatten_event(true).with_current_span(true).init(),
-        LogFormat::Pretty => builder.init(),
-    }
+    let style = match config.log_format {
+        LogFormat::Json => gantry_telemetry::LogStyle::Json,
+        LogFormat::Pretty => gantry_telemetry::LogStyle::Pretty,
+    };
+    let otlp = gantry_telemetry::otlp_endpoint(config.otlp_endpoint.as_deref());
+    gantry_telemetry::init("gateway-reconciler", filter, style, otlp.as_deref())
 }
 
 /// Completes on SIGTERM or Ctrl-C.

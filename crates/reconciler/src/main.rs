@@ -14,7 +14,14 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::parse();
-    gantry_reconciler::init_logging(&config);
+    // Kept until the end: dropping it flushes the traces.
+    let _telemetry = match gantry_reconciler::init_logging(&config) {
+        Ok(telemetry) => telemetry,
+        Err(e) => {
+            eprintln!("gateway-reconciler: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     match gantry_reconciler::run(config, gantry_reconciler::shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -169,6 +169,11 @@ pub struct LogArgs {
     /// Log filter, in tracing's EnvFilter syntax.
     #[arg(long, env = "GANTRY_LOG", default_value = "info")]
     pub log_level: String,
+
+    /// OTLP/gRPC endpoint to export traces to (e.g. http://collector:4317);
+    /// traces are off when it is not set.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// How logs are written.

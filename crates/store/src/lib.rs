@@ -371,18 +371,17 @@ pub async fn serve(
 }
 
 /// Installs the tracing subscriber for a binary.
-pub fn init_logging(args: &config::LogArgs) {
+pub fn init_logging(
+    args: &config::LogArgs,
+) -> Result<gantry_telemetry::Telemetry, gantry_telemetry::TelemetryError> {
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // Colour only on a terminal: a log file or collector gets plain text.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    match args.log_format {
-        config::LogFormat::Json => builder.json().flatten_event(true).init(),
-        config::LogFormat::Pretty => builder.init(),
-    }
+    let style = match args.log_format {
+        config::LogFormat::Json => gantry_telemetry::LogStyle::Json,
+        config::LogFormat::Pretty => gantry_telemetry::LogStyle::Pretty,
+    };
+    let otlp = gantry_telemetry::otlp_endpoint(args.otlp_endpoint.as_deref());
+    gantry_telemetry::init("gateway-store", filter, style, otlp.as_deref())
 }
 
 /// Completes on SIGTERM or Ctrl-C.

@@ -8,7 +8,14 @@ use gantry_store::config::Config;
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = Config::parse();
-    gantry_store::init_logging(&config.log);
+    // Kept until the end: dropping it flushes the traces.
+    let _telemetry = match gantry_store::init_logging(&config.log) {
+        Ok(telemetry) => telemetry,
+        Err(e) => {
+            eprintln!("gateway-store: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     tracing::debug!(?config, "configuration");
     match gantry_store::run(config, gantry_store::shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,

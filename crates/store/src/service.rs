@@ -53,6 +53,8 @@ struct Caller {
     /// The call's `authorization` metadata, authenticated again only when a
     /// refusal is logged (not on every call).
     authorization: tonic::metadata::MetadataMap,
+    /// The caller's trace (W3C `traceparent`), parent of this call's span.
+    parent: gantry_telemetry::Context,
 }
 
 /// At most `per_second` log lines a second; the rest are counted and the
@@ -123,7 +125,8 @@ impl GatewayApi {
         if let Some(value) = request.metadata().get("authorization") {
             authorization.insert("authorization", value.clone());
         }
-        Caller { peer: request.remote_addr(), authorization }
+        let parent = gantry_telemetry::extract(request.metadata());
+        Caller { peer: request.remote_addr(), authorization, parent }
     }
 
     async fn observed<T>(
@@ -133,7 +136,16 @@ impl GatewayApi {
         work: impl std::future::Future<Output = Result<T, Status>>,
     ) -> Result<Response<T>, Status> {
         let started = Instant::now();
-        let result = match tokio::time::timeout(self.request_timeout, work).await {
+        let span = tracing::info_span!(
+            "gantry.store.rpc",
+            otel.name = method,
+            rpc.system = "grpc",
+            rpc.method = method
+        );
+        gantry_telemetry::set_parent(&span, caller.parent.clone());
+        let work =
+            tracing::Instrument::instrument(tokio::time::timeout(self.request_timeout, work), span);
+        let result = match work.await {
             Ok(result) => result,
             Err(_) => Err(Status::deadline_exceeded(format!(
                 "{method} did not finish within {:?} (--request-timeout); a write may still commit: read the gateway again before retrying",
@@ -186,11 +198,16 @@ impl GatewayApi {
             .map_err(|e| rule_status(&e))?;
         let uid = uuid::Uuid::new_v4().to_string();
         let (role, now) = (principal.role, now());
+        // The new generation carries this request's trace to the reconciler.
+        let trace = gantry_telemetry::traceparent();
         let committed = self
             .writer
             .mutate(
                 &name,
-                Box::new(move |existing| lifecycle::create(existing, gateway, role, uid, now)),
+                Box::new(move |existing| {
+                    lifecycle::create(existing, gateway, role, uid, now)
+                        .map(|w| lifecycle::record_trace(w, 0, trace.as_deref()))
+                }),
                 dry_run,
             )
             .await
@@ -283,13 +300,18 @@ impl GatewayApi {
         let paths = request.update_mask.map(|m| m.paths).unwrap_or_default();
         let (role, now, target, dry_run) =
             (principal.role, now(), name.clone(), request.validate_only);
+        let trace = gantry_telemetry::traceparent();
         let committed = self
             .writer
             .mutate(
                 &name,
                 Box::new(move |current| match current {
                     None => Err(RuleError::NotFound(target)),
-                    Some(current) => lifecycle::update(current, &gateway, &paths, role, now),
+                    Some(current) => {
+                        let generation = current.metadata.as_ref().map_or(0, |m| m.generation);
+                        lifecycle::update(current, &gateway, &paths, role, now)
+                            .map(|w| lifecycle::record_trace(w, generation, trace.as_deref()))
+                    }
                 }),
                 dry_run,
             )

@@ -343,3 +343,35 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn the_trace_annotation_follows_the_request_that_made_the_generation() {
+    let gateway = |generation: i64, trace: Option<&str>| Gateway {
+        metadata: Some(ObjectMeta {
+            name: "edge".into(),
+            generation,
+            annotations: trace
+                .map(|t| (gantry_api::TRACE_ANNOTATION.to_string(), t.to_string()))
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let annotation = |w: &Write| match w {
+        Write::Put(g) | Write::Remove(g) | Write::Unchanged(g) => g
+            .metadata
+            .as_ref()
+            .and_then(|m| m.annotations.get(gantry_api::TRACE_ANNOTATION).cloned()),
+    };
+    // A new generation takes the request's trace, or none.
+    let w = record_trace(Write::Put(gateway(2, Some("old"))), 1, Some("new"));
+    assert_eq!(annotation(&w).as_deref(), Some("new"));
+    let w = record_trace(Write::Put(gateway(2, Some("old"))), 1, None);
+    assert_eq!(annotation(&w), None, "a stale trace is not kept");
+    // No new generation (labels, status): the annotation stays.
+    let w = record_trace(Write::Put(gateway(2, Some("old"))), 2, Some("status write"));
+    assert_eq!(annotation(&w).as_deref(), Some("old"));
+    let w = record_trace(Write::Unchanged(gateway(2, Some("old"))), 1, Some("new"));
+    assert_eq!(annotation(&w).as_deref(), Some("old"));
+}
