@@ -138,8 +138,16 @@ async fn one_apply_is_one_trace_from_gatewayctl_through_the_store_to_the_reconci
     let (root, by_id) = loop {
         let spans = collector.spans();
         let root = spans.iter().find(|s| s.service == "gatewayctl" && s.parent.is_empty()).cloned();
+        // Each process exports in its own batches: wait for all of them.
         let done = root.as_ref().is_some_and(|root| {
-            spans.iter().any(|s| s.trace == root.trace && s.service == "gateway-reconciler")
+            let traced = |service: &str, name: &str| {
+                spans
+                    .iter()
+                    .any(|s| s.trace == root.trace && s.service == service && s.name == name)
+            };
+            traced("gateway-store", "CreateGateway")
+                && traced("gateway-reconciler", "reconcile")
+                && traced("gateway-store", "UpdateGateway")
         });
         if done {
             let by_id: BTreeMap<Vec<u8>, Span> = spans

@@ -197,6 +197,13 @@ impl std::str::FromStr for LabelChange {
     }
 }
 
+/// A write of metadata only, conditional on `resource_version`.
+fn metadata_write(name: &str, resource_version: i64, set: impl FnOnce(&mut ObjectMeta)) -> Gateway {
+    let mut metadata = ObjectMeta { name: name.into(), resource_version, ..Default::default() };
+    set(&mut metadata);
+    Gateway { metadata: Some(metadata), ..Default::default() }
+}
+
 fn dry_run_note(dry_run: bool) -> &'static str {
     if dry_run {
         " (server dry run)"
@@ -431,15 +438,7 @@ impl Ctl {
         if labels == meta.labels {
             return Ok(format!("gateway/{name} not labeled"));
         }
-        let update = Gateway {
-            metadata: Some(ObjectMeta {
-                name: name.into(),
-                resource_version: meta.resource_version,
-                labels,
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let update = metadata_write(name, meta.resource_version, |m| m.labels = labels);
         self.write(update, &["metadata.labels"], dry_run).await?;
         Ok(format!("gateway/{name} labeled{}", dry_run_note(dry_run)))
     }
@@ -683,15 +682,7 @@ impl Ctl {
             RETRY_ANNOTATION.into(),
             prost_types::Timestamp::from(SystemTime::now()).to_string(),
         );
-        let update = Gateway {
-            metadata: Some(ObjectMeta {
-                name: name.into(),
-                resource_version: meta.resource_version,
-                annotations,
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let update = metadata_write(name, meta.resource_version, |m| m.annotations = annotations);
         self.write(update, &["metadata.annotations"], false).await?;
         writeln!(out, "gateway/{name} retry requested")?;
         Ok(())
