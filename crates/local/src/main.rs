@@ -239,16 +239,27 @@ async fn main() -> anyhow::Result<()> {
     }
     let store_run = gantry_store::run(store, stopped(stop_rx.clone()));
     let mut store_task = tokio::spawn(async move { Ok::<_, anyhow::Error>(store_run.await?) });
+    // The reconciler starts once the store answers: before, it could only
+    // log that it cannot reach it.
+    tokio::select! {
+        () = wait_ready("gateway-store", args.http_listen) => {}
+        result = &mut store_task => {
+            return match flatten(result) {
+                // Ctrl-C while starting.
+                Ok(()) if *stop_rx.borrow() => Ok(()),
+                Ok(()) => Err(anyhow::anyhow!("it stopped")),
+                Err(e) => Err(e),
+            }
+            .context("gateway-store failed to start");
+        }
+    }
     let reconciler_run = gantry_reconciler::run(reconciler, stopped(stop_rx.clone()));
     let mut reconciler_task =
         tokio::spawn(async move { Ok::<_, anyhow::Error>(reconciler_run.await?) });
 
     // "Running" only once both are ready; either failing first stops the
     // other and ends this process with its error.
-    let ready = async {
-        wait_ready("gateway-store", args.http_listen).await;
-        wait_ready("gateway-reconciler", args.reconciler_http_listen).await;
-    };
+    let ready = wait_ready("gateway-reconciler", args.reconciler_http_listen);
     let early = tokio::select! {
         () = ready => None,
         result = &mut store_task => Some(("gateway-store", flatten(result))),
@@ -300,7 +311,12 @@ async fn running(
     println!();
     println!("Next, in another terminal:");
     println!("  cargo run -p gantry-ctl -- apply -f examples/minimal.yaml");
-    println!("  cargo run -p gantry-ctl -- wait edge --for=condition=Ready");
+    // The directory target runs nothing, so nothing becomes Ready there.
+    let wait_for = match args.target {
+        Target::Directory => "converged",
+        Target::Kube => "condition=Ready",
+    };
+    println!("  cargo run -p gantry-ctl -- wait edge --for={wait_for}");
     println!("  cargo run -p gantry-ctl -- get -o wide");
     let demo_task = args.demo.then(|| {
         tokio::spawn(async move {
