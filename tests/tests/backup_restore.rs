@@ -1,8 +1,9 @@
 //! docs/operations.md's backup and restore, as written there, on both
 //! backends: a SQLite backup taken with `sqlite3 .backup` while the store
 //! runs, and a `pg_dump` restored with `pg_restore` into a new database,
-//! each give a working store with exactly the backed-up gateways; a
-//! watcher ahead of the restored revision is told to relist.
+//! both taken while a writer creates gateways of several KB, each give a
+//! working store holding one consistent moment of the original; a watcher
+//! ahead of the restored revision is told to relist.
 
 #![allow(clippy::unwrap_used)]
 
@@ -49,14 +50,18 @@ async fn update(c: &GatewayClient, name: &str, image: &str) -> i64 {
     g.metadata.unwrap().resource_version
 }
 
-/// Every gateway with its image, and the store revision.
-async fn contents(c: &GatewayClient) -> (Vec<(String, String)>, i64) {
+/// Every gateway with its image and resource_version, and the store
+/// revision.
+async fn contents(c: &GatewayClient) -> (Vec<(String, String, i64)>, i64) {
     let request = ListGatewaysRequest { page_size: 1000, ..Default::default() };
     let page = c.clone().list_gateways(request).await.unwrap().into_inner();
     let gateways = page
         .gateways
         .into_iter()
-        .map(|g| (g.metadata.unwrap().name, g.spec.unwrap().image))
+        .map(|g| {
+            let meta = g.metadata.unwrap();
+            (meta.name, g.spec.unwrap().image, meta.resource_version)
+        })
         .collect();
     (gateways, page.resource_version)
 }
@@ -80,34 +85,78 @@ fn run(program: &str, args: &[&str]) {
     );
 }
 
-/// Writes before the backup, more after it; returns what the backup holds
-/// and the newest revision any watcher could have seen.
-async fn before_and_after_the_backup(
-    c: &GatewayClient,
-    backup: impl FnOnce(),
-) -> ((Vec<(String, String)>, i64), i64) {
+/// What the store held before the backup, what a writer had acknowledged
+/// when the backup ended, and the newest revision a watcher could see.
+struct Written {
+    before: Vec<(String, String, i64)>,
+    streamed: Vec<String>,
+    newest: i64,
+}
+
+/// Writes before the backup; during it, a writer creates gateways of
+/// several KB one after another (the backup must be one consistent
+/// snapshot of them); after it, more changes the backup must not hold.
+async fn before_during_and_after_the_backup(c: &GatewayClient, backup: impl FnOnce()) -> Written {
     create(c, "edge", "ghcr.io/acme/gw:1").await;
     create(c, "tail", "ghcr.io/acme/gw:1").await;
     update(c, "edge", "ghcr.io/acme/gw:2").await;
-    let backed_up = contents(c).await;
-    backup();
+    let (before, _) = contents(c).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let acked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let writer = {
+        let (c, stop, acked) = (c.clone(), stop.clone(), acked.clone());
+        tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let name = format!("stream-{i:04}");
+                let mut g = gateway(&name, "ghcr.io/acme/gw:1");
+                let config = (0..64).map(|k| (format!("key-{k:02}"), "x".repeat(64))).collect();
+                g.spec.as_mut().unwrap().config = config;
+                let request = CreateGatewayRequest { gateway: Some(g), validate_only: false };
+                c.clone().create_gateway(request).await.unwrap();
+                acked.lock().unwrap().push(name);
+                i += 1;
+            }
+        })
+    };
+    // The backup starts with the writer under way.
+    while acked.lock().unwrap().len() < 5 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    tokio::task::block_in_place(backup);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.await.unwrap();
     create(c, "late", "ghcr.io/acme/gw:1").await;
     let newest = update(c, "edge", "ghcr.io/acme/gw:3").await;
-    (backed_up, newest)
+    let streamed = acked.lock().unwrap().clone();
+    Written { before, streamed, newest }
 }
 
-/// The restored store has exactly the backup, takes writes from the next
-/// revision, and tells a watcher from a revision it never had to relist.
-async fn check_restored(c: &GatewayClient, backed_up: &(Vec<(String, String)>, i64), newest: i64) {
-    let restored = contents(c).await;
-    assert_eq!(&restored, backed_up, "the restored store holds exactly the backup");
-    let watch = WatchGatewaysRequest { resource_version: newest, ..Default::default() };
+/// The restored store is one consistent moment of the original: what was
+/// there before the backup, a prefix of the writer's gateways (no later
+/// one without every earlier one), nothing written after; its revision is
+/// that of its newest row. It takes writes from the next revision and
+/// tells a watcher from a revision it never had to relist.
+async fn check_restored(c: &GatewayClient, written: &Written) {
+    let (restored, revision) = contents(c).await;
+    for kept in &written.before {
+        assert!(restored.contains(kept), "{kept:?} before the backup is restored");
+    }
+    let streamed: Vec<&String> =
+        restored.iter().map(|(n, _, _)| n).filter(|n| n.starts_with("stream-")).collect();
+    let prefix: Vec<&String> = written.streamed.iter().take(streamed.len()).collect();
+    assert_eq!(streamed, prefix, "the writer's gateways are a prefix: a consistent snapshot");
+    assert!(streamed.len() >= 5, "the backup holds what was written before it started");
+    assert_eq!(restored.len(), written.before.len() + streamed.len(), "nothing after the backup");
+    let newest_row = restored.iter().map(|(_, _, rv)| *rv).max().unwrap();
+    assert_eq!(revision, newest_row, "the restored revision is that of its newest row");
+    let watch = WatchGatewaysRequest { resource_version: written.newest, ..Default::default() };
     let refused = match c.clone().watch_gateways(watch).await {
         Err(status) => status,
         Ok(stream) => stream.into_inner().next().await.unwrap().unwrap_err(),
     };
     assert!(gantry_client::watch::is_compacted(&refused), "relist: {refused:?}");
-    assert_eq!(create(c, "after", "ghcr.io/acme/gw:1").await, backed_up.1 + 1);
+    assert_eq!(create(c, "after", "ghcr.io/acme/gw:1").await, revision + 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -121,7 +170,7 @@ async fn a_sqlite_backup_restores_into_a_working_store() {
     let mut store = StoreProcess::start(&format!("sqlite://{}", db.display()), &dir);
     let c = client(&store);
     // Online: the store keeps running (and writing) during the backup.
-    let (backed_up, newest) = before_and_after_the_backup(&c, || {
+    let written = before_during_and_after_the_backup(&c, || {
         run("sqlite3", &[db.to_str().unwrap(), &format!(".backup '{}'", backup.display())]);
     })
     .await;
@@ -134,7 +183,7 @@ async fn a_sqlite_backup_restores_into_a_working_store() {
     }
     std::fs::copy(&backup, &db).unwrap();
     store.spawn();
-    check_restored(&client(&store), &backed_up, newest).await;
+    check_restored(&client(&store), &written).await;
     drop(store);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -150,7 +199,7 @@ async fn a_pg_dump_restores_into_a_new_database() {
     let dump = dir.join("gantry.dump");
     let store = StoreProcess::start(&source.url, &dir);
     let c = client(&store);
-    let (backed_up, newest) = before_and_after_the_backup(&c, || {
+    let written = before_during_and_after_the_backup(&c, || {
         run(
             "pg_dump",
             &["--format=custom", "--dbname", &source.url, "--file", dump.to_str().unwrap()],
@@ -166,7 +215,7 @@ async fn a_pg_dump_restores_into_a_new_database() {
     let restored_dir = dir.join("restored");
     std::fs::create_dir_all(&restored_dir).unwrap();
     let restored = StoreProcess::start(&target.url, &restored_dir);
-    check_restored(&client(&restored), &backed_up, newest).await;
+    check_restored(&client(&restored), &written).await;
     drop(restored);
     source.drop_database().await;
     target.drop_database().await;

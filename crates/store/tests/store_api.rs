@@ -934,8 +934,94 @@ async fn validate_only_runs_every_rule_and_stores_nothing(store: &TestStore) {
     assert_eq!(meta(&real).generation, 2);
 }
 
+/// Dry runs in the same batches as real writes, on gateways of several KB:
+/// the real writes take exactly one revision and one event each, the dry
+/// runs none, and nothing a dry run proposed is ever stored.
+async fn dry_runs_racing_real_writes_spend_nothing(store: &TestStore) {
+    use gantry_api::v1::CreateGatewayRequest;
+    const NAMES: [&str; 4] = ["a", "b", "c", "d"];
+    const ROUNDS: usize = 20;
+    let big = |name: &str, image: &str| {
+        let mut g = gateway(name, image);
+        let config = (0..64).map(|i| (format!("key-{i:02}"), "x".repeat(64))).collect();
+        g.spec.as_mut().unwrap().config = config;
+        g
+    };
+    let mut c = store.client(EDITOR).await;
+    for name in NAMES {
+        create(&mut c, big(name, "ghcr.io/acme/real:0")).await;
+    }
+    let (base, events_before) = (revision(&mut c).await, store.event_revisions().await.len());
+    let mask = || Some(FieldMask { paths: vec!["spec".into()] });
+    let mut tasks = Vec::new();
+    for (i, name) in NAMES.into_iter().enumerate() {
+        let mut real = store.client(EDITOR).await;
+        let mut dry = store.client(EDITOR).await;
+        tasks.push(tokio::spawn(async move {
+            for round in 1..=ROUNDS {
+                let image = format!("ghcr.io/acme/real:{round}");
+                let request = UpdateGatewayRequest {
+                    gateway: Some(big(name, &image)),
+                    update_mask: mask(),
+                    validate_only: false,
+                };
+                real.update_gateway(request).await.unwrap();
+            }
+        }));
+        tasks.push(tokio::spawn(async move {
+            for round in 1..=ROUNDS {
+                let image = format!("ghcr.io/acme/dry:{round}");
+                let request = UpdateGatewayRequest {
+                    gateway: Some(big(name, &image)),
+                    update_mask: mask(),
+                    validate_only: true,
+                };
+                let would = dry.update_gateway(request).await.unwrap().into_inner();
+                assert_eq!(would.spec.unwrap().image, image, "the would-be spec is answered");
+                let fresh = format!("fresh-{i}-{round}");
+                let create = CreateGatewayRequest {
+                    gateway: Some(big(&fresh, &image)),
+                    validate_only: true,
+                };
+                assert_eq!(
+                    meta(&dry.create_gateway(create).await.unwrap().into_inner()).resource_version,
+                    0
+                );
+                let delete = DeleteGatewayRequest {
+                    name: name.into(),
+                    resource_version: 0,
+                    validate_only: true,
+                };
+                dry.delete_gateway(delete).await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let writes = NAMES.len() * ROUNDS;
+    assert_eq!(revision(&mut c).await, base + writes as i64, "only the real writes took revisions");
+    let events = store.event_revisions().await;
+    assert_eq!(events.len(), events_before + writes, "only the real writes wrote events");
+    let (gateways, _) = {
+        let request = ListGatewaysRequest { page_size: 100, ..Default::default() };
+        let page = c.list_gateways(request).await.unwrap().into_inner();
+        (page.gateways, page.resource_version)
+    };
+    let stored: Vec<(String, String, i64)> = gateways
+        .iter()
+        .map(|g| (meta(g).name.clone(), g.spec.as_ref().unwrap().image.clone(), meta(g).generation))
+        .collect();
+    let expected: Vec<(String, String, i64)> = NAMES
+        .iter()
+        .map(|n| (n.to_string(), format!("ghcr.io/acme/real:{ROUNDS}"), 1 + ROUNDS as i64))
+        .collect();
+    assert_eq!(stored, expected, "every gateway as the real writer left it, nothing of a dry run");
+}
+
 on_both_backends!(
     validate_only_runs_every_rule_and_stores_nothing,
+    dry_runs_racing_real_writes_spend_nothing,
     the_failure_record_round_trips_through_the_store,
     create_starts_unconverged_and_the_row_holds_zero,
     spec_change_advances_generation_by_one,
