@@ -67,6 +67,16 @@ pub fn binary(name: &str) -> PathBuf {
     profile_dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX))
 }
 
+/// SIGKILLs `child` after `limit` whatever happens, so that a process a
+/// test reads from (a watch) can never hang the suite.
+pub fn kill_after(child: &Child, limit: Duration) {
+    let pid = child.id().to_string();
+    std::thread::spawn(move || {
+        std::thread::sleep(limit);
+        let _ = Command::new("kill").args(["-KILL", &pid]).status();
+    });
+}
+
 /// A port nothing listens on right now.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -225,6 +235,13 @@ impl StoreProcess {
         format!("http://127.0.0.1:{}", self.grpc)
     }
 
+    /// A client of this store without a token (connects on first use).
+    pub fn client(&self) -> gantry_client::GatewayClient {
+        gantry_client::ClientConfig { endpoint: self.endpoint(), ..Default::default() }
+            .connect_lazy()
+            .expect("a client of the store")
+    }
+
     /// Starts the process (again) and waits for `/readyz`.
     pub fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new()
@@ -327,6 +344,22 @@ impl ReconcilerProcess {
     /// Everything the process (and its earlier runs) logged.
     pub fn logs(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until this reconciler has observed `generation` of `name`
+    /// (a minute at most; the failure shows its logs).
+    pub async fn wait_observed(
+        &self,
+        client: &gantry_client::GatewayClient,
+        name: &str,
+        generation: i64,
+    ) -> gantry_api::v1::Gateway {
+        let observed = |g: &gantry_api::v1::Gateway| {
+            g.status.as_ref().is_some_and(|s| s.observed_generation == generation)
+        };
+        let what = format!("observed at generation {generation}");
+        wait_for_gateway(client, name, &what, Duration::from_secs(60), observed, || self.logs())
+            .await
     }
 
     /// Sends `signal` (e.g. `-STOP`, `-CONT`, `-KILL`) to the process.

@@ -18,12 +18,6 @@ use gantry_client::GatewayClient;
 use gantry_e2e::{in_ci, skipped, temp_dir, StoreProcess, TempPostgres};
 use tokio_stream::StreamExt;
 
-fn client(store: &StoreProcess) -> GatewayClient {
-    gantry_client::ClientConfig { endpoint: store.endpoint(), ..Default::default() }
-        .connect_lazy()
-        .unwrap()
-}
-
 fn gateway(name: &str, image: &str) -> Gateway {
     Gateway {
         metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
@@ -168,7 +162,7 @@ async fn a_sqlite_backup_restores_into_a_working_store() {
     let db = dir.join("gantry.db");
     let backup = dir.join("backup.db");
     let mut store = StoreProcess::start(&format!("sqlite://{}", db.display()), &dir);
-    let c = client(&store);
+    let c = store.client();
     // Online: the store keeps running (and writing) during the backup.
     let written = before_during_and_after_the_backup(&c, || {
         run("sqlite3", &[db.to_str().unwrap(), &format!(".backup '{}'", backup.display())]);
@@ -183,7 +177,7 @@ async fn a_sqlite_backup_restores_into_a_working_store() {
     }
     std::fs::copy(&backup, &db).unwrap();
     store.spawn();
-    check_restored(&client(&store), &written).await;
+    check_restored(&store.client(), &written).await;
     drop(store);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -198,7 +192,7 @@ async fn a_pg_dump_restores_into_a_new_database() {
     let dir = temp_dir("backup-postgres");
     let dump = dir.join("gantry.dump");
     let store = StoreProcess::start(&source.url, &dir);
-    let c = client(&store);
+    let c = store.client();
     let written = before_during_and_after_the_backup(&c, || {
         run(
             "pg_dump",
@@ -215,7 +209,7 @@ async fn a_pg_dump_restores_into_a_new_database() {
     let restored_dir = dir.join("restored");
     std::fs::create_dir_all(&restored_dir).unwrap();
     let restored = StoreProcess::start(&target.url, &restored_dir);
-    check_restored(&client(&restored), &written).await;
+    check_restored(&restored.client(), &written).await;
     drop(restored);
     source.drop_database().await;
     target.drop_database().await;

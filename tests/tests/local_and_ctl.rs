@@ -258,12 +258,7 @@ fn watch_prints_changes_as_they_happen() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // Never hang the suite: stop the watcher after a minute whatever happens.
-    let pid = watcher.id().to_string();
-    std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_secs(60));
-        let _ = Command::new("kill").args(["-KILL", &pid]).status();
-    });
+    gantry_e2e::kill_after(&watcher, Duration::from_secs(60));
     let mut lines = BufReader::new(watcher.stdout.take().unwrap()).lines();
     let header = lines.next().unwrap().unwrap();
     assert_eq!(

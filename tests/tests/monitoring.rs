@@ -8,11 +8,8 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
 
-use gantry_e2e::{
-    http_get, in_ci, skipped, temp_dir, wait_for_gateway, ReconcilerProcess, StoreProcess,
-};
+use gantry_e2e::{http_get, in_ci, skipped, temp_dir, ReconcilerProcess, StoreProcess};
 
 fn monitoring() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/monitoring")
@@ -81,9 +78,7 @@ async fn every_metric_the_dashboard_and_the_rules_name_is_exported() {
         &["--target", "directory", "--directory", directory.to_str().unwrap()],
     );
     // Some work, so that every family has its series.
-    let client = gantry_client::ClientConfig { endpoint: store.endpoint(), ..Default::default() }
-        .connect_lazy()
-        .unwrap();
+    let client = store.client();
     let gateway = gantry_api::v1::Gateway {
         metadata: Some(gantry_api::v1::ObjectMeta { name: "edge".into(), ..Default::default() }),
         spec: Some(gantry_api::v1::GatewaySpec {
@@ -100,15 +95,7 @@ async fn every_metric_the_dashboard_and_the_rules_name_is_exported() {
         })
         .await
         .unwrap();
-    wait_for_gateway(
-        &client,
-        "edge",
-        "converged",
-        Duration::from_secs(60),
-        |g| g.status.as_ref().is_some_and(|s| s.observed_generation == 1),
-        || reconciler.logs(),
-    )
-    .await;
+    reconciler.wait_observed(&client, "edge", 1).await;
 
     let mut available = exported(&scrape(store.http));
     available.extend(exported(&scrape(reconciler.http)));

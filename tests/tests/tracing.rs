@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gantry_e2e::{binary, temp_dir, wait_for_gateway, ReconcilerProcess, StoreProcess};
+use gantry_e2e::{binary, temp_dir, ReconcilerProcess, StoreProcess};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -116,18 +116,7 @@ async fn one_apply_is_one_trace_from_gatewayctl_through_the_store_to_the_reconci
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 
-    let client = gantry_client::ClientConfig { endpoint: store.endpoint(), ..Default::default() }
-        .connect_lazy()
-        .unwrap();
-    let gateway = wait_for_gateway(
-        &client,
-        "edge",
-        "converged",
-        Duration::from_secs(60),
-        |g| g.status.as_ref().is_some_and(|s| s.observed_generation == 1),
-        || reconciler.logs(),
-    )
-    .await;
+    let gateway = reconciler.wait_observed(&store.client(), "edge", 1).await;
     let traceparent =
         gateway.metadata.as_ref().unwrap().annotations.get(gantry_api::TRACE_ANNOTATION).cloned();
     let traceparent = traceparent.expect("the store recorded the trace of the generation");

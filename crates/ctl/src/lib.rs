@@ -17,7 +17,7 @@ use std::time::{Duration, SystemTime};
 
 use gantry_api::v1::{
     CreateGatewayRequest, DeleteGatewayRequest, EventType, Gateway, GetGatewayRequest,
-    ListGatewaysRequest, ObjectMeta, UpdateGatewayRequest, WatchGatewaysRequest,
+    ListGatewaysRequest, ObjectMeta, UpdateGatewayRequest, WatchEvent, WatchGatewaysRequest,
 };
 use gantry_client::GatewayClient;
 use prost_types::FieldMask;
@@ -537,6 +537,24 @@ impl Ctl {
         }
     }
 
+    /// The changes a watch delivers, bookmarks left out, each failure
+    /// explained.
+    async fn changes(
+        &self,
+        request: WatchGatewaysRequest,
+    ) -> Result<impl tokio_stream::Stream<Item = Result<WatchEvent, CtlError>> + '_, CtlError> {
+        let stream = self
+            .client
+            .clone()
+            .watch_gateways(request)
+            .await
+            .map_err(|s| self.fail(s))?
+            .into_inner();
+        Ok(stream
+            .filter(|e| !matches!(e, Ok(e) if e.r#type() == EventType::Bookmark))
+            .map(move |e| e.map_err(|s| self.fail(s))))
+    }
+
     /// `get --watch`: after the listing (from its revision), each change
     /// as one more row of the same table (or one more object), as
     /// `kubectl get --watch` prints; until interrupted.
@@ -555,20 +573,10 @@ impl Ctl {
             name: if names.len() == 1 { names[0].clone() } else { String::new() },
             ..Default::default()
         };
-        let mut stream = self
-            .client
-            .clone()
-            .watch_gateways(request)
-            .await
-            .map_err(|s| self.fail(s))?
-            .into_inner();
+        let mut changes = std::pin::pin!(self.changes(request).await?);
         let rows = PrintOptions { single: true, headers: false, ..options.clone() };
-        while let Some(event) = stream.next().await {
-            let event = event.map_err(|s| self.fail(s))?;
-            if event.r#type() == EventType::Bookmark {
-                continue;
-            }
-            let gateway = event.gateway.unwrap_or_default();
+        while let Some(event) = changes.next().await {
+            let gateway = event?.gateway.unwrap_or_default();
             let name = gateway.metadata.as_ref().map_or("", |m| m.name.as_str());
             if names.len() > 1 && !names.iter().any(|n| n == name) {
                 continue;
@@ -754,23 +762,14 @@ impl Ctl {
             label_selector: selector.into(),
             name: name.unwrap_or_default().into(),
         };
-        let mut stream = self
-            .client
-            .clone()
-            .watch_gateways(request)
-            .await
-            .map_err(|s| self.fail(s))?
-            .into_inner();
+        let mut changes = std::pin::pin!(self.changes(request).await?);
         writeln!(
             out,
             "{:<10} {:<9} {:<30} {:<13} GEN/OBSERVED",
             "REVISION", "EVENT", "NAME", "PHASE"
         )?;
-        while let Some(event) = stream.next().await {
-            let event = event.map_err(|s| self.fail(s))?;
-            if event.r#type() == EventType::Bookmark {
-                continue;
-            }
+        while let Some(event) = changes.next().await {
+            let event = event?;
             let kind = event.r#type();
             let g = event.gateway.unwrap_or_default();
             let meta = g.metadata.unwrap_or_default();

@@ -373,14 +373,18 @@ fn names_in(files: &[String], err: &mut impl std::io::Write) -> Result<Vec<Strin
 /// `diff`: writes each gateway as stored and as applying would store it
 /// under two directories and runs the diff program on them; its exit code
 /// (0 no change, 1 changes) is gatewayctl's.
-async fn diff(ctl: &Ctl, files: &[String], recursive: bool) -> Result<ExitCode, CtlError> {
+async fn diff(
+    ctl: &Ctl,
+    files: &[String],
+    recursive: bool,
+    err: &mut impl std::io::Write,
+) -> Result<ExitCode, CtlError> {
     let scratch = local::Scratch::new("diff")?;
     let (live, merged) = (scratch.path().join("LIVE"), scratch.path().join("MERGED"));
     for dir in [&live, &merged] {
         std::fs::create_dir_all(dir)?;
     }
     let mut failed = 0;
-    let mut err = std::io::stderr().lock();
     for doc in local::documents(files, recursive) {
         let doc = match doc {
             Ok(doc) => doc,
@@ -405,7 +409,6 @@ async fn diff(ctl: &Ctl, files: &[String], recursive: bool) -> Result<ExitCode, 
             }
         }
     }
-    drop(err);
     let code = local::run_shell(&local::differ(), &[&live, &merged])?;
     if failed > 0 {
         return Err(CtlError::Reported);
@@ -423,7 +426,12 @@ fn yaml(doc: &GatewayDoc) -> Result<String, CtlError> {
 
 /// `edit`: opens the gateway in the editor; on any failure after the
 /// edit, the edited file is kept and its path said.
-async fn edit(ctl: &Ctl, name: &str, out: &mut impl std::io::Write) -> Result<(), CtlError> {
+async fn edit(
+    ctl: &Ctl,
+    name: &str,
+    out: &mut impl std::io::Write,
+    err: &mut impl std::io::Write,
+) -> Result<(), CtlError> {
     let scratch = local::Scratch::new("edit")?;
     let file = scratch.path().join(format!("{name}.yaml"));
     let edited = std::cell::Cell::new(false);
@@ -444,7 +452,7 @@ async fn edit(ctl: &Ctl, name: &str, out: &mut impl std::io::Write) -> Result<()
     match outcome {
         Ok(gantry_ctl::EditOutcome::Edited) => writeln!(out, "gateway/{name} edited")?,
         Ok(gantry_ctl::EditOutcome::Cancelled) => {
-            writeln!(std::io::stderr(), "Edit cancelled, no changes made.")?;
+            writeln!(err, "Edit cancelled, no changes made.")?;
         }
         Err(e) if edited.get() => {
             let kept = scratch.keep().join(format!("{name}.yaml"));
@@ -552,7 +560,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CtlError> {
         Command::Diff { files, recursive } => {
             // As `kubectl diff`: 0 no change, 1 changes, anything above an
             // error (never 1, which would read as "changes").
-            return Ok(match diff(&ctl, &files, recursive).await {
+            return Ok(match diff(&ctl, &files, recursive, &mut err).await {
                 Ok(code) => code,
                 Err(CtlError::Reported) => ExitCode::from(2),
                 Err(e) => {
@@ -561,7 +569,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CtlError> {
                 }
             });
         }
-        Command::Edit { name } => edit(&ctl, &name, &mut out).await?,
+        Command::Edit { name } => edit(&ctl, &name, &mut out, &mut err).await?,
         Command::Label { name, changes, overwrite, dry_run } => {
             writeln!(out, "{}", ctl.label(&name, &changes, overwrite, dry_run.on()).await?)?;
         }

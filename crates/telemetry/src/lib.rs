@@ -123,7 +123,6 @@ pub fn init(
             (Some(provider), Some(layer))
         }
     };
-    opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     tracing_subscriber::registry().with(logs).with(traces).try_init()?;
     Ok(Telemetry { provider })
 }
