@@ -22,7 +22,7 @@ use gantry_reconciler::controller::{Controller, Settings};
 use gantry_reconciler::metrics::Metrics;
 use gantry_reconciler::render::{RenderSettings, LABEL_GATEWAY};
 use gantry_reconciler::store::GrpcStore;
-use gantry_reconciler::target::kube::KubeTarget;
+use gantry_reconciler::targets::kube::KubeTarget;
 use prost_types::FieldMask;
 
 const GATEWAYS: usize = 200;

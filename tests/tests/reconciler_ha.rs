@@ -21,8 +21,8 @@ use gantry_reconciler::metrics::Metrics;
 use gantry_reconciler::render::Rendered;
 use gantry_reconciler::status::Observation;
 use gantry_reconciler::store::GrpcStore;
-use gantry_reconciler::target::kube::KubeTarget;
-use gantry_reconciler::target::{Owner, Target, TargetError};
+use gantry_reconciler::targets::kube::KubeTarget;
+use gantry_reconciler::targets::{Owner, Target, TargetError};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 

@@ -19,8 +19,8 @@ use gantry_reconciler::controller::{Controller, Settings, FINALIZER, RETRY_ANNOT
 use gantry_reconciler::metrics::Metrics;
 use gantry_reconciler::render::RenderSettings;
 use gantry_reconciler::store::{GatewayStore, GrpcStore};
-use gantry_reconciler::target::kube::{KubeSettings, KubeTarget};
-use gantry_reconciler::target::Target;
+use gantry_reconciler::targets::kube::{KubeSettings, KubeTarget};
+use gantry_reconciler::targets::Target;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::Ingress;

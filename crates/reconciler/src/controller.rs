@@ -39,7 +39,7 @@ use crate::queue::WorkQueue;
 use crate::render::{render, RenderSettings, Rendered};
 use crate::status::{self, Observation, Workload, STATUS_PATHS};
 use crate::store::GatewayStore;
-use crate::target::{Owner, Target, TargetError};
+use crate::targets::{Owner, Target, TargetError};
 
 /// The reconciler's finalizer on every gateway it has seen.
 pub const FINALIZER: &str = "gantry.dev/reconciler";

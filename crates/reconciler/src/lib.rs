@@ -8,7 +8,7 @@
 //! ```
 //!
 //! [`run`] is what the binary calls; [`controller::Controller`] is the
-//! loop, usable directly in tests with any [`target::Target`].
+//! loop, usable directly in tests with any [`targets::Target`].
 
 #![forbid(unsafe_code)]
 
@@ -21,7 +21,7 @@ pub mod queue;
 pub mod render;
 pub mod status;
 pub mod store;
-pub mod target;
+pub mod targets;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -34,9 +34,9 @@ use crate::config::{Config, LogFormat, TargetKind};
 use crate::controller::{Controller, Settings};
 use crate::metrics::Metrics;
 use crate::render::RenderSettings;
-use crate::target::directory::DirectoryTarget;
-use crate::target::kube::{KubeSettings, KubeTarget};
-use crate::target::Target;
+use crate::targets::directory::DirectoryTarget;
+use crate::targets::kube::{KubeSettings, KubeTarget};
+use crate::targets::Target;
 
 /// Why the reconciler could not start.
 #[derive(Debug, thiserror::Error)]

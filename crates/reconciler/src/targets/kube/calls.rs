@@ -1,0 +1,121 @@
+//! Calls to the API server: each bounded by [`CALL_TIMEOUT`], errors
+//! described for status, only a genuine NotFound taken as absent.
+
+use std::time::Duration;
+
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
+};
+use serde_json::Value;
+
+use crate::render::FIELD_MANAGER;
+use crate::targets::TargetError;
+
+/// Longest any single call to the cluster may take.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(15);
+
+pub(super) fn api_resource(api_version: &str, kind: &str) -> ApiResource {
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let plural = match kind {
+        "Ingress" => "ingresses".to_string(),
+        other => format!("{}s", other.to_ascii_lowercase()),
+    };
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), &plural)
+}
+
+pub(super) fn describe(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) => {
+            format!("{} ({} {})", status.message, status.code, status.reason)
+        }
+        other => other.to_string(),
+    }
+}
+
+pub(super) async fn bounded<T>(
+    what: &str,
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, TargetError> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(TargetError(format!("{what}: {}", describe(&e)))),
+        Err(_) => Err(TargetError(format!("{what}: no answer within {CALL_TIMEOUT:?}"))),
+    }
+}
+
+pub(super) fn is_not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// Deletes one owned object (background propagation); already gone is fine.
+pub(super) async fn delete_object(
+    api: &Api<DynamicObject>,
+    what: &str,
+    name: &str,
+) -> Result<(), TargetError> {
+    let call = async {
+        match api.delete(name, &DeleteParams::background()).await {
+            Err(e) if is_not_found(&e) => Ok(()),
+            other => other.map(|_| ()),
+        }
+    };
+    bounded(what, call).await
+}
+
+/// Whether the API server refused a change to a field that cannot change
+/// once set (such as a Deployment's `spec.selector`).
+pub(super) fn is_immutable_change(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 422 && s.message.contains("field is immutable"))
+}
+
+/// Server-side applies `manifest` (forced: the object is ours, checked
+/// before); when the live object differs in a field that cannot change,
+/// deletes it and applies again, as `kubectl apply --force` does (retrying
+/// the same apply would fail forever).
+pub(super) async fn apply_or_recreate(
+    api: &Api<DynamicObject>,
+    kind: &str,
+    name: &str,
+    manifest: &Value,
+) -> Result<DynamicObject, TargetError> {
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let what = format!("apply {kind} {name}");
+    match tokio::time::timeout(CALL_TIMEOUT, api.patch(name, &params, &Patch::Apply(manifest)))
+        .await
+    {
+        Ok(Err(e)) if is_immutable_change(&e) => {
+            tracing::warn!(kind, name, error = %describe(&e), "an immutable field differs; recreating the object");
+            delete_object(api, &format!("recreate {kind} {name}"), name).await?;
+            bounded(&what, api.patch(name, &params, &Patch::Apply(manifest))).await
+        }
+        Ok(result) => result.map_err(|e| TargetError(format!("{what}: {}", describe(&e)))),
+        Err(_) => Err(TargetError(format!("{what}: no answer within {CALL_TIMEOUT:?}"))),
+    }
+}
+
+/// The refusal for an object in the way.
+pub(super) fn not_ours(kind: &str, name: &str) -> TargetError {
+    TargetError(format!(
+        "{kind} {name} exists and is not managed by this gateway; rename or remove it, or give gateways their own namespace"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_refused_immutable_change_recreates() {
+        let refusal = |code: u16, message: &str| {
+            kube::Error::Api(
+                kube::core::Status { code, message: message.into(), ..Default::default() }.boxed(),
+            )
+        };
+        assert!(is_immutable_change(&refusal(
+            422,
+            "Deployment.apps \"edge\" is invalid: spec.selector: Invalid value: {}: field is immutable"
+        )));
+        assert!(!is_immutable_change(&refusal(422, "spec.replicas: Invalid value: -1")));
+        assert!(!is_immutable_change(&refusal(409, "field is immutable")));
+    }
+}
