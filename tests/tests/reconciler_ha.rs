@@ -84,7 +84,6 @@ fn start_replica(identity: &str, store: &StoreProcess, kube_client: &kube::Clien
         Arc::new(Metrics::default()),
     );
     let (leading_tx, leading) = tokio::sync::watch::channel(false);
-    let (_stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let election = ElectionSettings {
         lease_name: "gateway-reconciler".into(),
         namespace: "default".into(),
@@ -96,10 +95,7 @@ fn start_replica(identity: &str, store: &StoreProcess, kube_client: &kube::Clien
     };
     let api: Api<Lease> = Api::namespaced(kube_client.clone(), "default");
     let tasks = vec![
-        tokio::spawn(async move {
-            let _keep = _stop_tx;
-            leader::run(api, election, leading_tx, stop_rx).await;
-        }),
+        tokio::spawn(leader::run(api, election, leading_tx, gantry_telemetry::Shutdown::new())),
         tokio::spawn(controller.run_while_leading(leading, std::future::pending())),
     ];
     Replica { applies, tasks }

@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use gantry_api::v1::{CreateGatewayRequest, GetGatewayRequest, Phase};
 use gantry_ctl::config::{default_path, ConfigFile, Context};
-use tokio::sync::watch;
+use gantry_telemetry::Shutdown;
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 enum Target {
@@ -183,9 +183,59 @@ async fn main() -> anyhow::Result<()> {
     });
     file.save(&ctl_config).map_err(anyhow::Error::msg)?;
 
+    let store = store_config(&args)?;
+    let reconciler = reconciler_config(&args, &server)?;
+
+    let shutdown = Shutdown::on(gantry_telemetry::shutdown::signal());
+    let store_run = gantry_store::run(store, shutdown.wait());
+    let mut store_task = tokio::spawn(async move { Ok::<_, anyhow::Error>(store_run.await?) });
+    // The reconciler starts once the store answers: before, it could only
+    // log that it cannot reach it.
+    tokio::select! {
+        () = wait_ready("gateway-store", args.http_listen) => {}
+        result = &mut store_task => {
+            return match flatten(result) {
+                // Ctrl-C while starting.
+                Ok(()) if shutdown.is_triggered() => Ok(()),
+                Ok(()) => Err(anyhow::anyhow!("it stopped")),
+                Err(e) => Err(e),
+            }
+            .context("gateway-store failed to start");
+        }
+    }
+    let reconciler_run = gantry_reconciler::run(reconciler, shutdown.wait());
+    let mut reconciler_task =
+        tokio::spawn(async move { Ok::<_, anyhow::Error>(reconciler_run.await?) });
+
+    // "Running" only once both are ready; either failing first stops the
+    // other and ends this process with its error.
+    let ready = wait_ready("gateway-reconciler", args.reconciler_http_listen);
+    let early = tokio::select! {
+        () = ready => None,
+        result = &mut store_task => Some(("gateway-store", flatten(result))),
+        result = &mut reconciler_task => Some(("gateway-reconciler", flatten(result))),
+    };
+    let Some((name, result)) = early else {
+        return running(&args, store_task, reconciler_task, &shutdown, server, admin).await;
+    };
+    let other = if name == "gateway-store" { reconciler_task } else { store_task };
+    let asked = shutdown.is_triggered();
+    shutdown.trigger();
+    let _ = tokio::time::timeout(Duration::from_secs(10), other).await;
+    if asked && result.is_ok() {
+        // Ctrl-C while starting.
+        return Ok(());
+    }
+    Err(result.err().unwrap_or_else(|| anyhow::anyhow!("it stopped")))
+        .with_context(|| format!("{name} failed to start"))
+}
+
+/// The store's flags for `args`: embedded SQLite in the data directory,
+/// the generated tokens.
+fn store_config(args: &Args) -> anyhow::Result<gantry_store::config::Config> {
     let data_dir = args.data_dir.display().to_string();
     let tokens = args.data_dir.join(TOKENS).display().to_string();
-    let store = gantry_store::config::Config::try_parse_from([
+    Ok(gantry_store::config::Config::try_parse_from([
         "gateway-store",
         "--listen",
         &args.listen.to_string(),
@@ -195,11 +245,18 @@ async fn main() -> anyhow::Result<()> {
         &data_dir,
         "--tokens-file",
         &tokens,
-    ])?;
+    ])?)
+}
+
+/// The reconciler's flags for `args`, against the store at `server`.
+fn reconciler_config(
+    args: &Args,
+    server: &str,
+) -> anyhow::Result<gantry_reconciler::config::Config> {
     let mut reconciler_args = vec![
         "gateway-reconciler".to_string(),
         "--store".into(),
-        server.clone(),
+        server.to_string(),
         "--token-file".into(),
         args.data_dir.join(RECONCILER_TOKEN).display().to_string(),
         "--http-listen".into(),
@@ -223,60 +280,7 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
-    let reconciler = gantry_reconciler::config::Config::try_parse_from(&reconciler_args)?;
-
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stop_tx = std::sync::Arc::new(stop_tx);
-    let stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-    {
-        let stop_tx = stop_tx.clone();
-        tokio::spawn(async move {
-            gantry_store::shutdown_signal().await;
-            let _ = stop_tx.send(true);
-        });
-    }
-    let store_run = gantry_store::run(store, stopped(stop_rx.clone()));
-    let mut store_task = tokio::spawn(async move { Ok::<_, anyhow::Error>(store_run.await?) });
-    // The reconciler starts once the store answers: before, it could only
-    // log that it cannot reach it.
-    tokio::select! {
-        () = wait_ready("gateway-store", args.http_listen) => {}
-        result = &mut store_task => {
-            return match flatten(result) {
-                // Ctrl-C while starting.
-                Ok(()) if *stop_rx.borrow() => Ok(()),
-                Ok(()) => Err(anyhow::anyhow!("it stopped")),
-                Err(e) => Err(e),
-            }
-            .context("gateway-store failed to start");
-        }
-    }
-    let reconciler_run = gantry_reconciler::run(reconciler, stopped(stop_rx.clone()));
-    let mut reconciler_task =
-        tokio::spawn(async move { Ok::<_, anyhow::Error>(reconciler_run.await?) });
-
-    // "Running" only once both are ready; either failing first stops the
-    // other and ends this process with its error.
-    let ready = wait_ready("gateway-reconciler", args.reconciler_http_listen);
-    let early = tokio::select! {
-        () = ready => None,
-        result = &mut store_task => Some(("gateway-store", flatten(result))),
-        result = &mut reconciler_task => Some(("gateway-reconciler", flatten(result))),
-    };
-    let Some((name, result)) = early else {
-        return running(&args, store_task, reconciler_task, &stop_tx, stop_rx, server, admin).await;
-    };
-    let other = if name == "gateway-store" { reconciler_task } else { store_task };
-    let _ = stop_tx.send(true);
-    let _ = tokio::time::timeout(Duration::from_secs(10), other).await;
-    if *stop_rx.borrow() && result.is_ok() {
-        // Ctrl-C while starting.
-        return Ok(());
-    }
-    Err(result.err().unwrap_or_else(|| anyhow::anyhow!("it stopped")))
-        .with_context(|| format!("{name} failed to start"))
+    Ok(gantry_reconciler::config::Config::try_parse_from(&reconciler_args)?)
 }
 
 type Task = tokio::task::JoinHandle<anyhow::Result<()>>;
@@ -287,8 +291,7 @@ async fn running(
     args: &Args,
     mut store_task: Task,
     mut reconciler_task: Task,
-    stop_tx: &watch::Sender<bool>,
-    stop_rx: watch::Receiver<bool>,
+    shutdown: &Shutdown,
     server: String,
     admin: String,
 ) -> anyhow::Result<()> {
@@ -332,12 +335,12 @@ async fn running(
     if let Some(demo) = demo_task {
         demo.abort();
     }
-    let asked = *stop_rx.borrow();
+    let asked = shutdown.is_triggered();
     if !asked {
         // One died on its own: say so, and stop the other.
         let reason = first.1.as_ref().err().map_or("it stopped".to_string(), |e| format!("{e:#}"));
         eprintln!("{} stopped unexpectedly ({reason}); stopping {other}", first.0);
-        let _ = stop_tx.send(true);
+        shutdown.trigger();
     }
     let rest_result = flatten(rest.await);
     first.1.with_context(|| first.0)?;

@@ -166,14 +166,14 @@ async fn release(api: &Api<Lease>, s: &ElectionSettings) {
     }
 }
 
-/// Campaigns until `stop`, publishing whether we lead on `leading`. A
+/// Campaigns until `shutdown`, publishing whether we lead on `leading`. A
 /// leader that cannot renew within the renew deadline steps down before
 /// anyone else can take over.
 pub async fn run(
     api: Api<Lease>,
     settings: ElectionSettings,
     leading: watch::Sender<bool>,
-    mut stop: watch::Receiver<bool>,
+    shutdown: gantry_telemetry::Shutdown,
 ) {
     let mut observed = Observed::default();
     let mut last_renewal = Instant::now();
@@ -217,7 +217,7 @@ pub async fn run(
             settings.retry_period
         };
         tokio::select! {
-            _ = stop.wait_for(|s| *s) => break,
+            () = shutdown.wait() => break,
             () = tokio::time::sleep(wait) => {}
         }
     }

@@ -156,16 +156,9 @@ pub async fn run(
     let listener = tokio::net::TcpListener::bind(config.http_listen)
         .await
         .map_err(|source| RunError::Bind { addr: config.http_listen.to_string(), source })?;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = stop_tx.send(true);
-    });
+    let shutdown = gantry_telemetry::Shutdown::on(shutdown);
     let http = axum::serve(listener, http::router(controller.clone()))
-        .with_graceful_shutdown(stopped(stop_rx.clone()));
+        .with_graceful_shutdown(shutdown.wait());
     tracing::info!(store = %config.store, target = ?config.target, http = %config.http_listen, "gateway-reconciler running");
     let (leading_tx, leading) = tokio::sync::watch::channel(!config.leader_elect);
     let election = match (&kube, config.leader_elect) {
@@ -182,12 +175,12 @@ pub async fn run(
                 fence,
             };
             let api = kube::Api::namespaced(client.clone(), &lease_namespace);
-            Some(tokio::spawn(leader::run(api, settings, leading_tx, stop_rx.clone())))
+            Some(tokio::spawn(leader::run(api, settings, leading_tx, shutdown.clone())))
         }
         _ => None,
     };
     let (_, http_result) =
-        tokio::join!(controller.run_while_leading(leading, stopped(stop_rx)), http);
+        tokio::join!(controller.run_while_leading(leading, shutdown.wait()), http);
     if let Some(election) = election {
         // Releases the lease so a successor need not wait for it to expire.
         let _ = election.await;
@@ -218,21 +211,4 @@ pub fn init_logging(
     };
     let otlp = gantry_telemetry::otlp_endpoint(config.otlp_endpoint.as_deref());
     gantry_telemetry::init("gateway-reconciler", filter, style, otlp.as_deref())
-}
-
-/// Completes on SIGTERM or Ctrl-C.
-pub async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = term => {}
-    }
-    tracing::info!("shutdown signal received");
 }

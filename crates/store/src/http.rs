@@ -9,9 +9,9 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 
-use crate::hub::WatchHub;
 use crate::metrics::Metrics;
 use crate::storage::Storage;
+use crate::watch::hub::WatchHub;
 
 #[derive(Clone)]
 struct HttpState {

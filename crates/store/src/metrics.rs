@@ -40,7 +40,7 @@ pub struct Metrics {
     /// Newest revision published to watchers.
     pub watch_revision: Gauge,
     /// The gRPC listener's connections.
-    pub connections: crate::conn::ConnectionMetrics,
+    pub connections: ConnectionMetrics,
     /// Write batches that did not commit (every write in them failed).
     pub write_batches_failed: Counter,
     /// Watchers ended for falling too far behind.
@@ -87,7 +87,7 @@ impl Default for Metrics {
             "Newest revision published to watchers",
             watch_revision.clone(),
         );
-        let connections = crate::conn::ConnectionMetrics::default();
+        let connections = ConnectionMetrics::default();
         registry.register("grpc_connections", "Open gRPC connections", connections.open.clone());
         registry.register(
             "grpc_calls_shed",
@@ -161,5 +161,38 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// Counters of the listener, exported as metrics.
+#[derive(Debug, Clone)]
+pub struct ConnectionMetrics {
+    pub open: Gauge,
+    /// Calls refused for --max-calls-per-connection.
+    pub shed: Counter,
+    /// How long refusing a call took, from its arrival at the service.
+    pub shed_seconds: Histogram,
+    /// Closed at accept: over the limit.
+    pub refused: Counter,
+    /// Closed for sending no request in time.
+    pub handshake_timeouts: Counter,
+    /// Closed for having no call in flight for the idle timeout.
+    pub idle_closed: Counter,
+    /// accept() failures (out of file descriptors and others).
+    pub accept_errors: Counter,
+}
+
+impl Default for ConnectionMetrics {
+    fn default() -> Self {
+        Self {
+            open: Gauge::default(),
+            shed: Counter::default(),
+            // 1 µs .. ~16 ms
+            shed_seconds: Histogram::new(exponential_buckets(0.000_001, 2.0, 15)),
+            refused: Counter::default(),
+            handshake_timeouts: Counter::default(),
+            idle_closed: Counter::default(),
+            accept_errors: Counter::default(),
+        }
     }
 }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::hub::WatchHub;
 use crate::storage::{Committed, Mutation, PendingWrite, Storage, StorageError};
+use crate::watch::hub::WatchHub;
 
 /// Most writes in one transaction.
 pub const MAX_BATCH: usize = 256;

@@ -1,4 +1,6 @@
-//! Logs and traces, set up the same way by every gantry binary.
+//! The runtime every gantry process shares: logs and traces set up the
+//! same way, and one [`Shutdown`] with one signal handler
+//! ([`shutdown::signal`]).
 //!
 //! Logs go to stderr (human or JSON; colour only on a terminal). Traces are
 //! off unless an OTLP endpoint is given (`--otlp-endpoint`, or the standard
@@ -11,6 +13,10 @@
 //! generation takes as its parent.
 
 #![forbid(unsafe_code)]
+
+pub mod shutdown;
+
+pub use shutdown::Shutdown;
 
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};

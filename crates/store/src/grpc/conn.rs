@@ -23,16 +23,14 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::{Instant, Sleep};
 use tokio_stream::Stream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-use crate::service::RateLimit;
+use super::rate_limit::RateLimit;
+use crate::metrics::ConnectionMetrics;
 
 /// Limits on the gRPC listener's connections.
 #[derive(Debug, Clone, PartialEq)]
@@ -89,39 +87,6 @@ impl ConnectionLimits {
         );
         self.max_connections = allowed;
         (self, Some(note))
-    }
-}
-
-/// Counters of the listener, exported as metrics.
-#[derive(Debug, Clone)]
-pub struct ConnectionMetrics {
-    pub open: Gauge,
-    /// Calls refused for --max-calls-per-connection.
-    pub shed: Counter,
-    /// How long refusing a call took, from its arrival at the service.
-    pub shed_seconds: Histogram,
-    /// Closed at accept: over the limit.
-    pub refused: Counter,
-    /// Closed for sending no request in time.
-    pub handshake_timeouts: Counter,
-    /// Closed for having no call in flight for the idle timeout.
-    pub idle_closed: Counter,
-    /// accept() failures (out of file descriptors and others).
-    pub accept_errors: Counter,
-}
-
-impl Default for ConnectionMetrics {
-    fn default() -> Self {
-        Self {
-            open: Gauge::default(),
-            shed: Counter::default(),
-            // 1 µs .. ~16 ms
-            shed_seconds: Histogram::new(exponential_buckets(0.000_001, 2.0, 15)),
-            refused: Counter::default(),
-            handshake_timeouts: Counter::default(),
-            idle_closed: Counter::default(),
-            accept_errors: Counter::default(),
-        }
     }
 }
 

@@ -218,9 +218,9 @@ impl Auth {
 }
 
 /// Reloads the tokens file of `auth` when it changes (checked every
-/// second) or on SIGHUP, until `stop`. A file that does not parse is
+/// second) or on SIGHUP, until `shutdown`. A file that does not parse is
 /// logged and the tokens in force stay.
-pub async fn reload_on_change(auth: Arc<Auth>, mut stop: tokio::sync::watch::Receiver<bool>) {
+pub async fn reload_on_change(auth: Arc<Auth>, shutdown: gantry_telemetry::Shutdown) {
     let Some(path) = auth.path().map(Path::to_path_buf) else { return };
     let stamp = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.modified().ok(), m.len()));
     let mut seen = stamp(&path);
@@ -236,7 +236,7 @@ pub async fn reload_on_change(auth: Arc<Auth>, mut stop: tokio::sync::watch::Rec
             }
         };
         let forced = tokio::select! {
-            _ = stop.wait_for(|s| *s) => return,
+            () = shutdown.wait() => return,
             _ = tick.tick() => false,
             () = hangup => true,
         };

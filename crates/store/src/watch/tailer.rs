@@ -1,30 +1,24 @@
-//! Background tasks of the store: the tailer that feeds the watch cache
-//! from the events table (changes committed by other replicas, or anything
-//! the writer could not publish), and the compactor of the event history.
+//! The tailer: feeds the watch cache from the events table (changes
+//! committed by other replicas, or anything the writer could not publish).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use gantry_telemetry::Shutdown;
 
-use crate::hub::WatchHub;
-use crate::storage::{Retention, Storage, StorageError};
+use super::hub::{WatchHub, WATCH_PAGE_BYTES};
+use crate::storage::{Storage, StorageError};
 
 /// Events read per query while catching up.
 pub const TAIL_PAGE: usize = 1000;
 
-/// Completes when `stop` turns true.
-pub async fn stopped(mut stop: watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
-}
-
 /// Feeds `hub` from the events table whenever woken (LISTEN/NOTIFY, a gap
-/// seen by the writer) and at least every `poll`, until `stop`.
-pub async fn run_tailer(
+/// seen by the writer) and at least every `poll`, until `shutdown`.
+pub async fn run(
     storage: Arc<dyn Storage>,
     hub: Arc<WatchHub>,
     poll: Duration,
-    stop: watch::Receiver<bool>,
+    shutdown: Shutdown,
 ) {
     let wake = hub.wake_tailer.clone();
     let listener = {
@@ -45,7 +39,7 @@ pub async fn run_tailer(
     let mut failures: u32 = 0;
     loop {
         tokio::select! {
-            () = stopped(stop.clone()) => break,
+            () = shutdown.wait() => break,
             () = wake.notified() => {}
             () = tokio::time::sleep(poll) => {}
         }
@@ -57,7 +51,7 @@ pub async fn run_tailer(
             let delay = gantry_core::retry::Backoff::default().delay(failures, fastrand::f64());
             failures = failures.saturating_add(1);
             tokio::select! {
-                () = stopped(stop.clone()) => break,
+                () = shutdown.wait() => break,
                 () = tokio::time::sleep(delay) => {}
             }
         }
@@ -70,7 +64,7 @@ pub async fn run_tailer(
 async fn catch_up(storage: &dyn Storage, hub: &WatchHub) -> bool {
     loop {
         let head = hub.head();
-        match storage.events_after(head, TAIL_PAGE, crate::watch::WATCH_PAGE_BYTES).await {
+        match storage.events_after(head, TAIL_PAGE, WATCH_PAGE_BYTES).await {
             Ok(events) => {
                 let full = events.len() == TAIL_PAGE;
                 hub.publish(events);
@@ -97,25 +91,6 @@ async fn catch_up(storage: &dyn Storage, hub: &WatchHub) -> bool {
                 tracing::warn!(error = %e, "cannot read the events table");
                 return false;
             }
-        }
-    }
-}
-
-/// Compacts the event history every `interval` until `stop`.
-pub async fn run_compactor(
-    storage: Arc<dyn Storage>,
-    retention: Retention,
-    interval: Duration,
-    stop: watch::Receiver<bool>,
-) {
-    loop {
-        tokio::select! {
-            () = stopped(stop.clone()) => break,
-            () = tokio::time::sleep(interval) => {}
-        }
-        match storage.compact(retention).await {
-            Ok(compacted) => tracing::debug!(compacted, "event history compacted"),
-            Err(e) => tracing::warn!(error = %e, "compaction failed; retrying next interval"),
         }
     }
 }

@@ -20,6 +20,10 @@ use tokio::sync::{watch, Notify};
 
 use crate::storage::Event;
 
+/// Encoded bytes a watch (or the tailer) reads from the database at a time
+/// (at least one object): what a subscriber holds beyond the shared cache.
+pub const WATCH_PAGE_BYTES: usize = 256 * 1024;
+
 /// How much the cache holds and how far a subscriber may fall behind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HubLimits {

@@ -14,20 +14,20 @@
 //! subscriber beyond one page read from the database (bounded in bytes);
 //! live events are shared with the watch cache. A subscriber that stops
 //! reading falls behind its budget (events or bytes) and is ended with
-//! RESOURCE_EXHAUSTED when it next reads.
+//! [`WatchEnd::TooSlow`] when it next reads.
+//!
+//! Items are domain values: the gRPC edge turns a [`WatchEnd`] into a
+//! status.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gantry_api::v1::{EventType, Gateway, WatchEvent, WatchGatewaysRequest};
-use gantry_core::{validation, Selector};
-use tokio::sync::watch;
-use tonic::{Code, Status};
+use gantry_api::v1::{EventType, Gateway, WatchEvent};
+use gantry_telemetry::Shutdown;
 
-use crate::errors::{invalid, rule_status, storage_status, with_reason};
-use crate::hub::{Read, Subscription, WatchHub};
-use crate::service::WatchStream;
+use super::filter::Filter;
+use super::hub::{Read, Subscription, WatchHub, WATCH_PAGE_BYTES};
 use crate::storage::{Event, Page, Storage, StorageError};
 
 /// Events read per query when a watch resumes from the events table.
@@ -36,66 +36,6 @@ const CATCH_UP_PAGE: usize = 500;
 const LIVE_READ: usize = 64;
 /// Gateways read per query for `send_initial_events`.
 const INITIAL_PAGE: usize = 100;
-/// Encoded bytes a watch reads from the database at a time (at least one
-/// object): what a subscriber holds beyond the shared watch cache.
-pub const WATCH_PAGE_BYTES: usize = 256 * 1024;
-
-pub use gantry_api::reasons::{
-    STORE_SHUTTING_DOWN as REASON_SHUTTING_DOWN, WATCHER_TOO_SLOW as REASON_TOO_SLOW,
-};
-
-/// Which events a subscriber wants.
-#[derive(Debug, Clone, Default)]
-pub struct Filter {
-    selector: Selector,
-    name: Option<String>,
-}
-
-impl Filter {
-    /// Parses and checks the request's filters.
-    pub fn from_request(request: &WatchGatewaysRequest) -> Result<Filter, Status> {
-        let selector = Selector::parse(&request.label_selector)
-            .map_err(|e| invalid("label_selector", e.to_string()))?;
-        let name = if request.name.is_empty() {
-            None
-        } else {
-            validation::validate_name("name", &request.name).map_err(|e| rule_status(&e))?;
-            Some(request.name.clone())
-        };
-        Ok(Filter { selector, name })
-    }
-
-    fn matches_labels(&self, labels: Option<&BTreeMap<String, String>>) -> bool {
-        static EMPTY: BTreeMap<String, String> = BTreeMap::new();
-        self.selector.matches(labels.unwrap_or(&EMPTY))
-    }
-
-    /// Whether an object is in the watched set.
-    pub fn matches(&self, gateway: &Gateway) -> bool {
-        let meta = gateway.metadata.as_ref();
-        let name = meta.map_or("", |m| m.name.as_str());
-        self.name.as_deref().is_none_or(|n| n == name)
-            && self.matches_labels(meta.map(|m| &m.labels))
-    }
-
-    /// What a subscriber sees of an event: an object entering the selected
-    /// set is ADDED, one leaving it is DELETED, one outside it is nothing.
-    pub fn apply(&self, event: &Event) -> Option<EventType> {
-        if self.name.as_deref().is_some_and(|n| n != event.name()) {
-            return None;
-        }
-        let now = self.matches_labels(event.labels());
-        let before = event.prev_labels.as_ref().is_some_and(|l| self.matches_labels(Some(l)));
-        match (event.kind, before, now) {
-            (EventType::Added, _, true) => Some(EventType::Added),
-            (EventType::Modified, true, true) => Some(EventType::Modified),
-            (EventType::Modified, false, true) => Some(EventType::Added),
-            (EventType::Modified, true, false) => Some(EventType::Deleted),
-            (EventType::Deleted, b, n) if b || n => Some(EventType::Deleted),
-            _ => None,
-        }
-    }
-}
 
 /// Watch settings shared by every stream.
 #[derive(Debug, Clone)]
@@ -103,7 +43,7 @@ pub struct WatchContext {
     pub storage: Arc<dyn Storage>,
     pub hub: Arc<WatchHub>,
     pub bookmark_interval: Duration,
-    pub stop: watch::Receiver<bool>,
+    pub shutdown: Shutdown,
     /// Watchers ended for falling behind (`WATCHER_TOO_SLOW`).
     pub too_slow: prometheus_client::metrics::counter::Counter,
 }
@@ -122,9 +62,9 @@ impl Initial {
         storage: &dyn Storage,
         after: String,
         at: Option<i64>,
-    ) -> Result<(Self, i64), Status> {
+    ) -> Result<(Self, i64), StorageError> {
         let page = Page { after: &after, limit: INITIAL_PAGE, max_bytes: WATCH_PAGE_BYTES, at };
-        let snapshot = storage.list(page).await.map_err(storage_status)?;
+        let snapshot = storage.list(page).await?;
         let after = snapshot
             .gateways
             .last()
@@ -149,18 +89,43 @@ struct State {
 }
 
 impl State {
-    /// Ends the stream with `code`: `why`, and where to resume.
-    fn end(&mut self, code: Code, why: String, reason: &str) -> Status {
+    /// Ends the stream: `why`, and (in it) where to resume.
+    fn end(&mut self, why: impl FnOnce(i64) -> WatchEnd) -> WatchEnd {
         self.done = true;
-        let last = self.last;
-        with_reason(
-            code,
-            format!("{why}; resume the watch from revision {last}"),
-            reason,
-            &[("resource_version", last.to_string())],
-        )
+        why(self.last)
     }
 }
+
+/// Why a watch ended before its subscriber closed it. `last`: every change
+/// up to this revision was delivered; the subscriber resumes after it.
+#[derive(Debug)]
+pub enum WatchEnd {
+    /// The store is stopping (everything committed before was delivered).
+    ShuttingDown { last: i64 },
+    /// The subscriber fell behind its budget of events or bytes.
+    TooSlow { last: i64, events: i64, bytes: u64 },
+    /// The watch cache was reset (it fell behind compaction).
+    Reset { last: i64 },
+    /// Reading the database failed.
+    Storage(StorageError),
+}
+
+/// What a subscriber asked for, checked by the caller.
+#[derive(Debug, Clone)]
+pub struct Params {
+    pub filter: Filter,
+    /// 0: from now; else every change after this revision.
+    pub resource_version: i64,
+    /// The matching objects first, then a BOOKMARK marking their end.
+    pub send_initial_events: bool,
+    /// Periodic BOOKMARKs with the revision reached.
+    pub allow_bookmarks: bool,
+}
+
+/// The events of one watch, pulled by its subscriber.
+pub type Events = std::pin::Pin<
+    Box<dyn futures_util::Stream<Item = Result<WatchEvent, WatchEnd>> + Send + 'static>,
+>;
 
 fn event_out(kind: EventType, gateway: Option<Gateway>, revision: i64) -> WatchEvent {
     WatchEvent { r#type: kind as i32, gateway, resource_version: revision, ..Default::default() }
@@ -177,35 +142,27 @@ fn change_out(kind: EventType, event: &Event) -> WatchEvent {
     }
 }
 
-/// Starts a watch for `request`.
-pub async fn start(
-    ctx: WatchContext,
-    request: WatchGatewaysRequest,
-) -> Result<WatchStream, Status> {
-    let filter = Filter::from_request(&request)?;
-    if request.resource_version < 0 {
-        return Err(invalid("resource_version", "must be 0 (from now) or a revision"));
-    }
+/// Starts a watch; fails when `params.resource_version` is ahead of the
+/// store (`StorageError::Future`) or the database cannot be read.
+pub async fn start(ctx: WatchContext, params: Params) -> Result<Events, StorageError> {
+    let Params { filter, resource_version, send_initial_events, allow_bookmarks } = params;
     // A revision ahead of this replica's cache may have been committed
     // through another replica: only the database can say it is ahead.
-    if request.resource_version > ctx.hub.head() {
-        let current = ctx.storage.current_revision().await.map_err(storage_status)?;
-        if request.resource_version > current {
-            return Err(storage_status(StorageError::Future {
-                requested: request.resource_version,
-                current,
-            }));
+    if resource_version > ctx.hub.head() {
+        let current = ctx.storage.current_revision().await?;
+        if resource_version > current {
+            return Err(StorageError::Future { requested: resource_version, current });
         }
     }
-    let (last, initial) = if request.send_initial_events {
+    let (last, initial) = if send_initial_events {
         let (initial, revision) = Initial::read(ctx.storage.as_ref(), String::new(), None).await?;
         (revision, Some(initial))
-    } else if request.resource_version == 0 {
+    } else if resource_version == 0 {
         (ctx.hub.head(), None)
     } else {
-        (request.resource_version, None)
+        (resource_version, None)
     };
-    let bookmarks = request.allow_bookmarks.then(|| {
+    let bookmarks = allow_bookmarks.then(|| {
         let mut interval = tokio::time::interval(ctx.bookmark_interval);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         interval.reset();
@@ -228,7 +185,7 @@ pub async fn start(
     })))
 }
 
-async fn next(s: &mut State) -> Option<Result<WatchEvent, Status>> {
+async fn next(s: &mut State) -> Option<Result<WatchEvent, WatchEnd>> {
     loop {
         if s.done {
             return None;
@@ -245,9 +202,9 @@ async fn next(s: &mut State) -> Option<Result<WatchEvent, Status>> {
                 let after = std::mem::take(&mut initial.after);
                 match Initial::read(s.ctx.storage.as_ref(), after, Some(s.last)).await {
                     Ok((next, _)) => *initial = next,
-                    Err(status) => {
+                    Err(e) => {
                         s.done = true;
-                        return Some(Err(status));
+                        return Some(Err(WatchEnd::Storage(e)));
                     }
                 }
                 continue;
@@ -268,9 +225,9 @@ async fn next(s: &mut State) -> Option<Result<WatchEvent, Status>> {
             continue;
         }
         if s.live.is_none() {
-            if let Err(status) = attach(s).await {
+            if let Err(e) = attach(s).await {
                 s.done = true;
-                return Some(Err(status));
+                return Some(Err(WatchEnd::Storage(e)));
             }
             continue;
         }
@@ -285,28 +242,18 @@ async fn next(s: &mut State) -> Option<Result<WatchEvent, Status>> {
                 continue;
             }
             Read::Wait if s.stopping => {
-                return Some(Err(s.end(
-                    Code::Unavailable,
-                    "gateway-store is shutting down".into(),
-                    REASON_SHUTTING_DOWN,
-                )));
+                return Some(Err(s.end(|last| WatchEnd::ShuttingDown { last })));
             }
             Read::Wait => {}
             Read::TooSlow { events, bytes } => {
-                let why =
-                    format!("watcher fell {events} events ({bytes} bytes) behind and was ended");
                 s.ctx.too_slow.inc();
-                return Some(Err(s.end(Code::ResourceExhausted, why, REASON_TOO_SLOW)));
+                return Some(Err(s.end(|last| WatchEnd::TooSlow { last, events, bytes })));
             }
             Read::Reset => {
-                return Some(Err(s.end(
-                    Code::Unavailable,
-                    "the watch cache was reset".into(),
-                    REASON_SHUTTING_DOWN,
-                )));
+                return Some(Err(s.end(|last| WatchEnd::Reset { last })));
             }
         }
-        let stop = crate::background::stopped(s.ctx.stop.clone());
+        let stop = s.ctx.shutdown.wait();
         tokio::select! {
             biased;
             // Deliver what was committed before the stop, then end.
@@ -336,7 +283,7 @@ async fn tick(interval: &mut Option<tokio::time::Interval>) {
 /// Finds where the events after `s.last` are: the watch cache (then the
 /// stream goes live) or, for an older revision, the next page of the
 /// events table.
-async fn attach(s: &mut State) -> Result<(), Status> {
+async fn attach(s: &mut State) -> Result<(), StorageError> {
     if let Some(live) = s.ctx.hub.subscribe(s.last) {
         s.live = Some(live);
         return Ok(());
@@ -352,7 +299,7 @@ async fn attach(s: &mut State) -> Result<(), Status> {
             s.pending.extend(events);
             Ok(())
         }
-        Err(e) => Err(storage_status(e)),
+        Err(e) => Err(e),
     }
 }
 
@@ -360,61 +307,6 @@ async fn attach(s: &mut State) -> Result<(), Status> {
 mod tests {
     use super::*;
     use gantry_api::v1::ObjectMeta;
-
-    fn event(
-        kind: EventType,
-        name: &str,
-        labels: &[(&str, &str)],
-        prev: Option<&[(&str, &str)]>,
-    ) -> Event {
-        let map =
-            |l: &[(&str, &str)]| l.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let gateway = Gateway {
-            metadata: Some(ObjectMeta {
-                name: name.into(),
-                labels: map(labels),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        Event::new(5, kind, &gateway, prev.map(map), Default::default())
-    }
-
-    fn filter(selector: &str, name: &str) -> Filter {
-        Filter::from_request(&WatchGatewaysRequest {
-            label_selector: selector.into(),
-            name: name.into(),
-            ..Default::default()
-        })
-        .unwrap()
-    }
-
-    #[test]
-    fn objects_entering_and_leaving_the_selection() {
-        let f = filter("env=prod", "");
-        let prod: &[(&str, &str)] = &[("env", "prod")];
-        let dev: &[(&str, &str)] = &[("env", "dev")];
-        assert_eq!(f.apply(&event(EventType::Added, "a", prod, None)), Some(EventType::Added));
-        assert_eq!(f.apply(&event(EventType::Added, "a", dev, None)), None);
-        assert_eq!(
-            f.apply(&event(EventType::Modified, "a", prod, Some(prod))),
-            Some(EventType::Modified)
-        );
-        assert_eq!(
-            f.apply(&event(EventType::Modified, "a", prod, Some(dev))),
-            Some(EventType::Added)
-        );
-        assert_eq!(
-            f.apply(&event(EventType::Modified, "a", dev, Some(prod))),
-            Some(EventType::Deleted)
-        );
-        assert_eq!(f.apply(&event(EventType::Modified, "a", dev, Some(dev))), None);
-        assert_eq!(
-            f.apply(&event(EventType::Deleted, "a", prod, Some(prod))),
-            Some(EventType::Deleted)
-        );
-        assert_eq!(f.apply(&event(EventType::Deleted, "a", dev, Some(dev))), None);
-    }
 
     #[test]
     fn every_subscriber_sends_the_bytes_encoded_at_commit() {
@@ -431,22 +323,5 @@ mod tests {
             assert_eq!(shared.as_ptr(), event.encoded.as_ptr(), "a copy, not the shared bytes");
             assert_eq!(out.resource_version, 7);
         }
-    }
-
-    #[test]
-    fn name_filter() {
-        let f = filter("", "edge");
-        assert_eq!(f.apply(&event(EventType::Added, "edge", &[], None)), Some(EventType::Added));
-        assert_eq!(f.apply(&event(EventType::Added, "other", &[], None)), None);
-        assert!(Filter::from_request(&WatchGatewaysRequest {
-            name: "Bad!".into(),
-            ..Default::default()
-        })
-        .is_err());
-        assert!(Filter::from_request(&WatchGatewaysRequest {
-            label_selector: "a in (".into(),
-            ..Default::default()
-        })
-        .is_err());
     }
 }

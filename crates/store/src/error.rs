@@ -1,0 +1,29 @@
+//! Why the store could not start, or stopped with an error.
+
+use crate::grpc::auth;
+use crate::storage::StorageError;
+
+/// Why the store could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot read {what} {path}: {source}")]
+    ReadFile { what: &'static str, path: String, source: std::io::Error },
+    #[error(transparent)]
+    Tokens(#[from] auth::TokensFileError),
+    #[error(
+        "no --tokens-file given: refusing to serve without authentication; pass --tokens-file, or --allow-unauthenticated for local development"
+    )]
+    NoAuthentication,
+    #[error("cannot open the database: {0}")]
+    Storage(#[from] StorageError),
+    #[error("cannot create the data directory {path}: {source}")]
+    DataDir { path: String, source: std::io::Error },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("gRPC reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("HTTP server: {0}")]
+    Http(std::io::Error),
+}

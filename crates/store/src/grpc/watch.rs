@@ -1,0 +1,138 @@
+//! WatchGateways at the edge: the request checked and turned into watch
+//! parameters, the watch's end turned into a status that says where to
+//! resume, and the stream ended once its token is no longer valid.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use gantry_api::v1::{WatchEvent, WatchGatewaysRequest};
+use gantry_core::{validation, Selector};
+use tokio_stream::{Stream, StreamExt as _};
+use tonic::{Code, Status};
+
+use super::auth::Auth;
+use super::errors::{invalid, rule_status, storage_status, with_reason};
+use crate::watch::filter::Filter;
+use crate::watch::stream::{self, Params, WatchContext, WatchEnd};
+
+pub use gantry_api::reasons::{
+    STORE_SHUTTING_DOWN as REASON_SHUTTING_DOWN, WATCHER_TOO_SLOW as REASON_TOO_SLOW,
+};
+
+/// Stream of WatchGateways.
+pub type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchEvent, Status>> + Send + 'static>>;
+
+/// The watch `request` asks for, or INVALID_ARGUMENT naming the field.
+pub(super) fn params(request: &WatchGatewaysRequest) -> Result<Params, Status> {
+    let selector = Selector::parse(&request.label_selector)
+        .map_err(|e| invalid("label_selector", e.to_string()))?;
+    let name = if request.name.is_empty() {
+        None
+    } else {
+        validation::validate_name("name", &request.name).map_err(|e| rule_status(&e))?;
+        Some(request.name.clone())
+    };
+    if request.resource_version < 0 {
+        return Err(invalid("resource_version", "must be 0 (from now) or a revision"));
+    }
+    Ok(Params {
+        filter: Filter::new(selector, name),
+        resource_version: request.resource_version,
+        send_initial_events: request.send_initial_events,
+        allow_bookmarks: request.allow_bookmarks,
+    })
+}
+
+/// Starts the watch `request` asks for.
+pub(super) async fn start(
+    ctx: WatchContext,
+    request: &WatchGatewaysRequest,
+) -> Result<WatchStream, Status> {
+    let events = stream::start(ctx, params(request)?).await.map_err(storage_status)?;
+    Ok(Box::pin(events.map(|item| item.map_err(end_status))))
+}
+
+/// The status a watch ends with: why, and where to resume.
+fn end_status(end: WatchEnd) -> Status {
+    let (code, why, reason, last) = match end {
+        WatchEnd::Storage(e) => return storage_status(e),
+        WatchEnd::ShuttingDown { last } => (
+            Code::Unavailable,
+            "gateway-store is shutting down".to_string(),
+            REASON_SHUTTING_DOWN,
+            last,
+        ),
+        WatchEnd::TooSlow { last, events, bytes } => (
+            Code::ResourceExhausted,
+            format!("watcher fell {events} events ({bytes} bytes) behind and was ended"),
+            REASON_TOO_SLOW,
+            last,
+        ),
+        WatchEnd::Reset { last } => {
+            (Code::Unavailable, "the watch cache was reset".to_string(), REASON_SHUTTING_DOWN, last)
+        }
+    };
+    with_reason(
+        code,
+        format!("{why}; resume the watch from revision {last}"),
+        reason,
+        &[("resource_version", last.to_string())],
+    )
+}
+
+/// Ends `stream` with UNAUTHENTICATED once the token that opened it
+/// expires or is removed from the tokens file.
+pub(super) fn while_authenticated(
+    stream: WatchStream,
+    auth: Arc<Auth>,
+    metadata: tonic::metadata::MetadataMap,
+) -> WatchStream {
+    let reloads = auth.reloads();
+    let state = Some((stream, reloads, auth, metadata));
+    Box::pin(futures_util::stream::unfold(state, |state| async move {
+        let (mut stream, mut reloads, auth, metadata) = state?;
+        loop {
+            let expires = auth
+                .expires(&metadata)
+                .map(|at| at.duration_since(std::time::SystemTime::now()).unwrap_or_default());
+            let expiry = async {
+                match expires {
+                    Some(left) => tokio::time::sleep(left).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                item = tokio_stream::StreamExt::next(&mut stream) => {
+                    return item.map(|item| (item, Some((stream, reloads, auth, metadata))));
+                }
+                _ = reloads.changed() => {}
+                () = expiry => {}
+            }
+            if let Err(status) = auth.authenticate(&metadata) {
+                tracing::info!(
+                    message = status.message(),
+                    "watch ended: its token is no longer valid"
+                );
+                return Some((Err(status), None));
+            }
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_name_selector_or_revision_is_refused_with_the_field() {
+        let refused = |request: WatchGatewaysRequest| params(&request).unwrap_err();
+        let bad_name = refused(WatchGatewaysRequest { name: "Bad!".into(), ..Default::default() });
+        assert_eq!(bad_name.code(), Code::InvalidArgument);
+        let bad_selector =
+            refused(WatchGatewaysRequest { label_selector: "a in (".into(), ..Default::default() });
+        assert_eq!(bad_selector.code(), Code::InvalidArgument);
+        let negative = refused(WatchGatewaysRequest { resource_version: -1, ..Default::default() });
+        assert!(negative.message().contains("resource_version"), "{negative:?}");
+        assert!(params(&WatchGatewaysRequest { name: "edge".into(), ..Default::default() }).is_ok());
+    }
+}

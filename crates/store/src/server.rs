@@ -1,0 +1,199 @@
+//! [`serve`]: the store's parts started in order (watch cache, writer,
+//! tailer, compactor, gRPC edge, HTTP endpoints) and stopped in the reverse
+//! order on shutdown: in-flight requests drained, queued writes committed,
+//! background tasks ended.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gantry_api::v1::gateway_service_server::GatewayServiceServer;
+use gantry_telemetry::Shutdown;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tonic::transport::{Identity, Server, ServerTlsConfig};
+
+use crate::error::ServeError;
+use crate::grpc::conn::{self, ActiveCallsLayer, Connections};
+use crate::grpc::{auth, errors, GatewayApi};
+use crate::metrics::Metrics;
+use crate::settings::Settings;
+use crate::watch::hub::{HubLimits, WatchHub};
+use crate::watch::stream::WatchContext;
+use crate::watch::{compactor, tailer};
+use crate::writer::Writer;
+
+/// Largest request the gRPC API accepts.
+pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
+/// Largest response the gRPC API sends (pages are bounded well below).
+pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
+
+/// The parts under the gRPC edge, and the tasks to wait for on shutdown.
+struct Core {
+    hub: Arc<WatchHub>,
+    writer: Writer,
+    watch: WatchContext,
+    tasks: Vec<JoinHandle<()>>,
+    writer_task: JoinHandle<()>,
+}
+
+impl Core {
+    async fn start(
+        settings: &Settings,
+        metrics: &Metrics,
+        shutdown: &Shutdown,
+    ) -> Result<Core, ServeError> {
+        let head = settings.storage.current_revision().await?;
+        let hub = Arc::new(WatchHub::new(
+            head,
+            HubLimits {
+                cache_events: settings.watch.cache_events,
+                cache_bytes: settings.watch.cache_bytes,
+                lag_events: settings.watch.subscriber_buffer,
+                lag_bytes: settings.watch.subscriber_bytes,
+            },
+        ));
+        let (writer, writer_task) = Writer::spawn(
+            settings.storage.clone(),
+            hub.clone(),
+            metrics.write_batches_failed.clone(),
+        );
+        let storage = settings.storage.clone();
+        let tasks = vec![
+            tokio::spawn(tailer::run(
+                storage.clone(),
+                hub.clone(),
+                settings.watch.poll_interval,
+                shutdown.clone(),
+            )),
+            tokio::spawn(compactor::run(
+                storage.clone(),
+                settings.watch.retention,
+                settings.watch.compaction_interval,
+                shutdown.clone(),
+            )),
+        ];
+        let watch = WatchContext {
+            storage,
+            hub: hub.clone(),
+            bookmark_interval: settings.watch.bookmark_interval,
+            shutdown: shutdown.clone(),
+            too_slow: metrics.watchers_too_slow.clone(),
+        };
+        Ok(Core { hub, writer, watch, tasks, writer_task })
+    }
+}
+
+/// Serves the gRPC API on `grpc` and the HTTP endpoints on `http` until
+/// `shutdown` completes, then drains in-flight requests.
+pub async fn serve(
+    settings: Settings,
+    grpc: TcpListener,
+    http: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let shutdown = Shutdown::on(shutdown);
+    let metrics = Arc::new(Metrics::default());
+    let core = Core::start(&settings, &metrics, &shutdown).await?;
+    tokio::spawn(auth::reload_on_change(settings.auth.clone(), shutdown.clone()));
+    let api = GatewayApi::new(
+        core.writer,
+        settings.storage.clone(),
+        core.watch,
+        settings.auth.clone(),
+        metrics.clone(),
+    )
+    .with_request_timeout(settings.limits.request_timeout);
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<GatewayServiceServer<GatewayApi>>().await;
+    let limits = &settings.limits;
+    let (connection_limits, lowered) =
+        limits.connections.clone().within_open_files(conn::open_file_limit());
+    if let Some(note) = lowered {
+        tracing::warn!("{note}");
+    }
+    let connections = Connections::new(connection_limits, metrics.connections.clone());
+    let (grpc_addr, http_addr) = (grpc.local_addr().ok(), http.local_addr().ok());
+    let grpc_stop = shutdown.wait();
+    let grpc_server = grpc_server(&settings, api, health_service, grpc, connections, async move {
+        grpc_stop.await;
+        health_reporter.set_not_serving::<GatewayServiceServer<GatewayApi>>().await;
+        tracing::info!("shutting down: draining in-flight requests");
+    })?;
+
+    let http_server = axum::serve(
+        axum::serve::ListenerExt::tap_io(http, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        }),
+        crate::http::router(settings.storage.clone(), metrics, core.hub.clone()),
+    )
+    .with_graceful_shutdown(shutdown.wait());
+    tracing::info!(grpc = ?grpc_addr, http = ?http_addr, tls = settings.tls.is_some(), "gateway-store serving");
+
+    let (grpc_result, http_result) = tokio::join!(grpc_server, http_server);
+    // The service (and with it the last writer handle) is gone: the writer
+    // finishes what was queued, then the background tasks stop.
+    let _ = core.writer_task.await;
+    for task in core.tasks {
+        let _ = task.await;
+    }
+    grpc_result?;
+    http_result.map_err(ServeError::Http)?;
+    tracing::info!("gateway-store stopped");
+    Ok(())
+}
+
+/// The gRPC server on `listener` until `stop`: health, reflection (v1 and
+/// v1alpha) and the API, with the limits, TLS and the layers every call
+/// goes through.
+fn grpc_server(
+    settings: &Settings,
+    api: GatewayApi,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+    listener: TcpListener,
+    connections: Arc<Connections>,
+    stop: impl Future<Output = ()> + Send,
+) -> Result<impl Future<Output = Result<(), tonic::transport::Error>>, ServeError> {
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(gantry_api::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    // Older tools (grpcurl before 1.9) only speak the v1alpha protocol.
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(gantry_api::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+    let limits = &settings.limits;
+    let mut builder = Server::builder()
+        .max_concurrent_streams(limits.streams_per_connection)
+        // The service answers DEADLINE_EXCEEDED at --request-timeout; tonic's
+        // own timeout (which answers CANCELLED) is only a backstop.
+        .timeout(limits.request_timeout + Duration::from_secs(1))
+        .layer(tower::util::MapResponseLayer::new(
+            errors::too_large_is_resource_exhausted as fn(_) -> _,
+        ))
+        .layer(ActiveCallsLayer::new(connections.clone()))
+        .http2_keepalive_interval(Some(limits.keepalive.0))
+        .http2_keepalive_timeout(Some(limits.keepalive.1));
+    if let Some((cert, key)) = &settings.tls {
+        builder =
+            builder.tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))?;
+    }
+    let router = builder
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(reflection_v1alpha)
+        .add_service(
+            GatewayServiceServer::new(api)
+                .max_decoding_message_size(MAX_REQUEST_BYTES)
+                .max_encoding_message_size(MAX_RESPONSE_BYTES),
+        );
+    // Within the connection limits, with TCP_NODELAY on every accepted
+    // connection: a reply of several KB is written in more than one
+    // segment, and Nagle's algorithm would hold the last one until the
+    // client's delayed ACK (about 40 ms).
+    Ok(router.serve_with_incoming_shutdown(conn::incoming(listener, connections), stop))
+}

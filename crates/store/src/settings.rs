@@ -1,0 +1,161 @@
+//! What [`crate::serve`] needs besides its listeners, and how flags become
+//! it: the tokens and TLS files read, the database opened.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::config::{self, Config};
+use crate::error::ServeError;
+use crate::grpc::auth::{Auth, Authenticator};
+use crate::grpc::conn::ConnectionLimits;
+use crate::storage::{
+    postgres::PostgresStorage, sqlite::SqliteStorage, Retention, Storage, StorageError,
+};
+
+/// Everything [`serve`] needs besides its listeners.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub storage: Arc<dyn Storage>,
+    pub auth: Arc<Auth>,
+    /// PEM certificate chain and key.
+    pub tls: Option<(Vec<u8>, Vec<u8>)>,
+    pub watch: WatchSettings,
+    pub limits: Limits,
+}
+
+/// What one client can take of the server.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// HTTP/2 streams per connection.
+    pub streams_per_connection: u32,
+    /// Longest a call may take to answer.
+    pub request_timeout: Duration,
+    /// Connections: how many, how many calls each, and how long they may
+    /// wait or idle.
+    pub connections: ConnectionLimits,
+    /// HTTP/2 keepalive ping interval and the wait for its answer.
+    pub keepalive: (Duration, Duration),
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            streams_per_connection: 1024,
+            request_timeout: Duration::from_secs(30),
+            connections: ConnectionLimits::default(),
+            keepalive: (Duration::from_secs(30), Duration::from_secs(10)),
+        }
+    }
+}
+
+/// Watch cache, event history and bookmark settings.
+#[derive(Debug, Clone)]
+pub struct WatchSettings {
+    /// Events kept in memory for resuming watches without a query.
+    pub cache_events: usize,
+    /// Encoded bytes of the events kept in memory.
+    pub cache_bytes: usize,
+    /// How far (in events) a subscriber may fall behind before it is ended.
+    pub subscriber_buffer: usize,
+    /// How far (in encoded bytes) a subscriber may fall behind before it is
+    /// ended.
+    pub subscriber_bytes: usize,
+    /// Interval of BOOKMARK events for watches that allow them.
+    pub bookmark_interval: Duration,
+    /// Event history kept in the database.
+    pub retention: Retention,
+    /// How often old events are compacted.
+    pub compaction_interval: Duration,
+    /// How often the events table is read even without a notification.
+    pub poll_interval: Duration,
+}
+
+impl Default for WatchSettings {
+    fn default() -> Self {
+        Self {
+            cache_events: 10_000,
+            cache_bytes: 64 << 20,
+            subscriber_buffer: 4096,
+            subscriber_bytes: 16 << 20,
+            bookmark_interval: Duration::from_secs(10),
+            retention: Retention { max_events: 100_000, max_age_ms: 3_600_000 },
+            compaction_interval: Duration::from_secs(60),
+            poll_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+fn read(what: &'static str, path: &std::path::Path) -> Result<Vec<u8>, ServeError> {
+    std::fs::read(path).map_err(|source| ServeError::ReadFile {
+        what,
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// Opens the storage a URL names: `postgres://` or `postgresql://` is
+/// PostgreSQL, anything else SQLite.
+pub async fn open_storage(url: &str) -> Result<Arc<dyn Storage>, StorageError> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(PostgresStorage::open(url).await?))
+    } else {
+        Ok(Arc::new(SqliteStorage::open(url).await?))
+    }
+}
+
+/// Builds [`Settings`] from flags: reads the tokens and TLS files and opens
+/// the database (creating the data directory for SQLite).
+pub async fn settings_from_config(config: &Config) -> Result<Settings, ServeError> {
+    let auth = match (&config.auth.tokens_file, config.auth.allow_unauthenticated) {
+        (Some(path), _) => {
+            let text = read("tokens file", path)?;
+            Authenticator::parse_tokens_file(&String::from_utf8_lossy(&text))?
+        }
+        (None, true) => {
+            tracing::warn!(
+                "serving WITHOUT authentication (--allow-unauthenticated): every caller is admin"
+            );
+            Authenticator::Unauthenticated
+        }
+        (None, false) => return Err(ServeError::NoAuthentication),
+    };
+    let tls = match (&config.tls.tls_cert, &config.tls.tls_key) {
+        (Some(cert), Some(key)) => Some((read("TLS certificate", cert)?, read("TLS key", key)?)),
+        _ => None,
+    };
+    if config.database_url.is_none() {
+        std::fs::create_dir_all(&config.data_dir).map_err(|source| ServeError::DataDir {
+            path: config.data_dir.display().to_string(),
+            source,
+        })?;
+    }
+    let url = config.effective_database_url();
+    let storage = open_storage(&url).await?;
+    tracing::info!(database = %config::redact_url(&url), backend = storage.backend(), "database open");
+    let watch = WatchSettings {
+        cache_events: config.watch.watch_cache_events,
+        cache_bytes: config.watch.watch_cache_bytes,
+        subscriber_buffer: config.watch.watch_buffer,
+        subscriber_bytes: config.watch.watch_buffer_bytes,
+        bookmark_interval: config.watch.bookmark_interval,
+        retention: Retention {
+            max_events: i64::try_from(config.watch.history_max_events).unwrap_or(i64::MAX),
+            max_age_ms: i64::try_from(config.watch.history_max_age.as_millis()).unwrap_or(i64::MAX),
+        },
+        compaction_interval: config.watch.compaction_interval,
+        poll_interval: WatchSettings::default().poll_interval,
+    };
+    let limits = Limits {
+        streams_per_connection: config.limits.max_streams_per_connection.max(1),
+        request_timeout: config.limits.request_timeout,
+        connections: ConnectionLimits {
+            calls_per_connection: config.limits.max_calls_per_connection.max(1),
+            max_connections: config.limits.max_connections.max(1),
+            handshake_timeout: config.limits.handshake_timeout,
+            idle_timeout: config.limits.idle_timeout,
+        },
+        keepalive: (config.limits.keepalive_interval, config.limits.keepalive_timeout),
+    };
+    let auth = Auth::with_path(auth, config.auth.tokens_file.clone());
+    Ok(Settings { storage, auth: Arc::new(auth), tls, watch, limits })
+}
