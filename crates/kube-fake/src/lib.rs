@@ -19,6 +19,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod error;
 pub mod protobuf;
 pub mod resources;
 pub mod schema;

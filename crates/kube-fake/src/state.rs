@@ -16,48 +16,7 @@ use crate::ssa::{self, Manager, Scope, Writer};
 use crate::util::{now_rfc3339, FieldSelector, LabelSelector};
 use crate::validation;
 
-/// An error answered as a Kubernetes `Status`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ApiError {
-    pub code: u16,
-    pub reason: &'static str,
-    pub message: String,
-    pub details: Option<Value>,
-    pub retry_after: Option<u64>,
-}
-
-impl ApiError {
-    pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        Self { code, reason, message: message.into(), details: None, retry_after: None }
-    }
-
-    pub fn not_found(rt: &ResourceType, name: &str) -> Self {
-        let resource = if rt.group.is_empty() {
-            rt.plural.to_string()
-        } else {
-            format!("{}.{}", rt.plural, rt.group)
-        };
-        let mut e = Self::new(404, "NotFound", format!("{resource} \"{name}\" not found"));
-        e.details = Some(json!({"name": name, "group": rt.group, "kind": rt.plural}));
-        e
-    }
-
-    pub fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(400, "BadRequest", message)
-    }
-
-    /// The `Status` body.
-    pub fn to_status(&self) -> Value {
-        let mut status = json!({
-            "kind": "Status", "apiVersion": "v1", "metadata": {},
-            "status": "Failure", "message": self.message, "reason": self.reason, "code": self.code,
-        });
-        if let Some(details) = &self.details {
-            status["details"] = details.clone();
-        }
-        status
-    }
-}
+pub use crate::error::ApiError;
 
 const INGRESSES: &str = "networking.k8s.io/ingresses";
 /// The address the ingress controller stand-in publishes on every Ingress.

@@ -6,8 +6,8 @@
 
 use serde_json::{json, Value};
 
+use crate::error::ApiError;
 use crate::resources::ResourceType;
-use crate::state::ApiError;
 
 /// A quantity as a number (`250m`, `1.5Gi`, `1e3`); `None` if malformed.
 fn quantity(text: &str) -> Option<f64> {

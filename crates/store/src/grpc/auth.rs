@@ -50,7 +50,7 @@ impl fmt::Debug for TokenEntry {
 
 /// Equality of two byte strings in time that depends only on their lengths.
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    subtle::ConstantTimeEq::ct_eq(a, b).into()
 }
 
 /// How requests are authenticated.
