@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use gantry_api::v1::{GatewaySpec, ObjectMeta};
+use gantry_api::v1::{GatewaySpec, ObjectMeta, Oidc, ResourceRequirements, Route};
 
 use crate::error::Violations;
 use crate::syntax;
@@ -134,48 +134,11 @@ pub fn validate_spec(v: &mut Violations, spec: Option<&GatewaySpec>) {
         }
     }
     if let Some(route) = &spec.route {
-        if route.host.is_empty() {
-            if !route.tls_secret_name.is_empty() {
-                v.push("gateway.spec.route.host", "required when a route is set");
-            }
-        } else {
-            check(v, || "gateway.spec.route.host".into(), syntax::dns1123_subdomain(&route.host));
-        }
-        if !route.tls_secret_name.is_empty() {
-            check(
-                v,
-                || "gateway.spec.route.tls_secret_name".into(),
-                syntax::dns1123_subdomain(&route.tls_secret_name),
-            );
-        }
+        validate_route(v, route);
     }
-    if spec.server_dns_names.len() > MAX_SERVER_DNS_NAMES {
-        v.push(
-            "gateway.spec.server_dns_names",
-            format!("at most {MAX_SERVER_DNS_NAMES} names, got {}", spec.server_dns_names.len()),
-        );
-    }
-    for (i, name) in spec.server_dns_names.iter().enumerate().take(MAX_SERVER_DNS_NAMES + 1) {
-        check(v, || format!("gateway.spec.server_dns_names[{i}]"), syntax::server_dns_name(name));
-    }
+    validate_server_dns_names(v, &spec.server_dns_names);
     if let Some(oidc) = &spec.oidc {
-        if *oidc != Default::default() {
-            check(v, || "gateway.spec.oidc.issuer_url".into(), syntax::https_url(&oidc.issuer_url));
-            if oidc.client_id.is_empty() || oidc.client_id.len() > 256 {
-                v.push("gateway.spec.oidc.client_id", "required, at most 256 characters");
-            }
-            if oidc.audiences.len() > MAX_AUDIENCES {
-                v.push("gateway.spec.oidc.audiences", format!("at most {MAX_AUDIENCES} audiences"));
-            }
-            for (i, audience) in oidc.audiences.iter().enumerate().take(MAX_AUDIENCES + 1) {
-                if audience.is_empty() || audience.len() > 256 {
-                    v.push(
-                        format!("gateway.spec.oidc.audiences[{i}]"),
-                        "must be 1 to 256 characters",
-                    );
-                }
-            }
-        }
+        validate_oidc(v, oidc);
     }
     if !spec.credential_driver.is_empty() {
         let driver = &spec.credential_driver;
@@ -186,8 +149,61 @@ pub fn validate_spec(v: &mut Violations, spec: Option<&GatewaySpec>) {
             );
         }
     }
+    validate_config(v, &spec.config);
+    if let Some(resources) = &spec.resources {
+        validate_resources(v, resources);
+    }
+}
+
+fn validate_route(v: &mut Violations, route: &Route) {
+    if route.host.is_empty() {
+        if !route.tls_secret_name.is_empty() {
+            v.push("gateway.spec.route.host", "required when a route is set");
+        }
+    } else {
+        check(v, || "gateway.spec.route.host".into(), syntax::dns1123_subdomain(&route.host));
+    }
+    if !route.tls_secret_name.is_empty() {
+        check(
+            v,
+            || "gateway.spec.route.tls_secret_name".into(),
+            syntax::dns1123_subdomain(&route.tls_secret_name),
+        );
+    }
+}
+
+fn validate_server_dns_names(v: &mut Violations, names: &[String]) {
+    if names.len() > MAX_SERVER_DNS_NAMES {
+        v.push(
+            "gateway.spec.server_dns_names",
+            format!("at most {MAX_SERVER_DNS_NAMES} names, got {}", names.len()),
+        );
+    }
+    for (i, name) in names.iter().enumerate().take(MAX_SERVER_DNS_NAMES + 1) {
+        check(v, || format!("gateway.spec.server_dns_names[{i}]"), syntax::server_dns_name(name));
+    }
+}
+
+fn validate_oidc(v: &mut Violations, oidc: &Oidc) {
+    if *oidc != Default::default() {
+        check(v, || "gateway.spec.oidc.issuer_url".into(), syntax::https_url(&oidc.issuer_url));
+        if oidc.client_id.is_empty() || oidc.client_id.len() > 256 {
+            v.push("gateway.spec.oidc.client_id", "required, at most 256 characters");
+        }
+        if oidc.audiences.len() > MAX_AUDIENCES {
+            v.push("gateway.spec.oidc.audiences", format!("at most {MAX_AUDIENCES} audiences"));
+        }
+        for (i, audience) in oidc.audiences.iter().enumerate().take(MAX_AUDIENCES + 1) {
+            if audience.is_empty() || audience.len() > 256 {
+                v.push(format!("gateway.spec.oidc.audiences[{i}]"), "must be 1 to 256 characters");
+            }
+        }
+    }
+}
+
+fn validate_config(v: &mut Violations, config: &BTreeMap<String, String>) {
     let mut config_bytes = 0;
-    for (key, value) in &spec.config {
+    for (key, value) in config {
         check(v, || format!("gateway.spec.config[{key:?}]"), syntax::config_key(key));
         if key.starts_with(RESERVED_CONFIG_PREFIX) {
             v.push(
@@ -203,34 +219,29 @@ pub fn validate_spec(v: &mut Violations, spec: Option<&GatewaySpec>) {
             format!("at most {MAX_CONFIG_BYTES} bytes in total, got {config_bytes}"),
         );
     }
-    if let Some(resources) = &spec.resources {
-        for (kind, map) in [("requests", &resources.requests), ("limits", &resources.limits)] {
-            for (name, quantity) in map {
-                let field = || format!("gateway.spec.resources.{kind}[{name:?}]");
-                if !RESOURCE_NAMES.contains(&name.as_str()) {
-                    v.push(
-                        field(),
-                        format!("unknown resource {name:?}; one of {RESOURCE_NAMES:?}"),
-                    );
-                } else {
-                    check(v, field, syntax::quantity(quantity));
-                }
+}
+
+fn validate_resources(v: &mut Violations, resources: &ResourceRequirements) {
+    for (kind, map) in [("requests", &resources.requests), ("limits", &resources.limits)] {
+        for (name, quantity) in map {
+            let field = || format!("gateway.spec.resources.{kind}[{name:?}]");
+            if !RESOURCE_NAMES.contains(&name.as_str()) {
+                v.push(field(), format!("unknown resource {name:?}; one of {RESOURCE_NAMES:?}"));
+            } else {
+                check(v, field, syntax::quantity(quantity));
             }
         }
-        // As the API server: a container's request may not exceed its limit.
-        for (name, request) in &resources.requests {
-            let Some(limit) = resources.limits.get(name) else { continue };
-            if let (Some(r), Some(l)) =
-                (syntax::quantity_nanos(request), syntax::quantity_nanos(limit))
-            {
-                if r > l {
-                    v.push(
-                        format!("gateway.spec.resources.requests[{name:?}]"),
-                        format!(
-                            "{request:?} must be less than or equal to the {name} limit {limit:?}"
-                        ),
-                    );
-                }
+    }
+    // As the API server: a container's request may not exceed its limit.
+    for (name, request) in &resources.requests {
+        let Some(limit) = resources.limits.get(name) else { continue };
+        if let (Some(r), Some(l)) = (syntax::quantity_nanos(request), syntax::quantity_nanos(limit))
+        {
+            if r > l {
+                v.push(
+                    format!("gateway.spec.resources.requests[{name:?}]"),
+                    format!("{request:?} must be less than or equal to the {name} limit {limit:?}"),
+                );
             }
         }
     }

@@ -246,43 +246,120 @@ fn security_context() -> Value {
     })
 }
 
+/// What every object of one gateway is named and labelled with.
+struct Names<'a> {
+    /// The objects' name (the prefix and the gateway's name).
+    name: &'a str,
+    gateway: &'a str,
+    uid: &'a str,
+    namespace: &'a str,
+    /// The pods' selector.
+    selector: Value,
+}
+
+impl Names<'_> {
+    fn metadata(&self) -> Value {
+        metadata(self.name, self.gateway, self.uid, self.namespace)
+    }
+}
+
 /// Renders the objects of `gateway`.
 pub fn render(gateway: &Gateway, settings: &RenderSettings) -> Rendered {
     let gateway_name = gateway.metadata.as_ref().map_or("", |m| m.name.as_str());
     let uid = gateway.metadata.as_ref().map_or("", |m| m.uid.as_str());
     let object_name = format!("{}{gateway_name}", settings.name_prefix);
-    let name = object_name.as_str();
-    let ns = settings.namespace.as_str();
-    let metadata = |_: &str, ns: &str| metadata(name, gateway_name, uid, ns);
+    let names = Names {
+        name: &object_name,
+        gateway: gateway_name,
+        uid,
+        namespace: &settings.namespace,
+        selector: json!({LABEL_GATEWAY: gateway_name}),
+    };
     let default_spec = GatewaySpec::default();
     let spec = gateway.spec.as_ref().unwrap_or(&default_spec);
-    let selector = json!({LABEL_GATEWAY: gateway_name});
-    let supervisor_image = if spec.supervisor_image.is_empty() {
-        settings.default_supervisor_image.as_str()
-    } else {
-        spec.supervisor_image.as_str()
-    };
 
     let mut data: Map<String, Value> =
         spec.config.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
     data.insert(SETTINGS_KEY.into(), json!(settings_document(spec)));
 
     let mut manifests = vec![
-        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": metadata(name, ns), "automountServiceAccountToken": false}),
-        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(name, ns), "data": data}),
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": names.metadata(), "automountServiceAccountToken": false}),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": names.metadata(), "data": data}),
         json!({
-            "apiVersion": "v1", "kind": "Service", "metadata": metadata(name, ns),
+            "apiVersion": "v1", "kind": "Service", "metadata": names.metadata(),
             "spec": {
                 "type": "ClusterIP",
-                "selector": selector,
+                "selector": names.selector,
                 "ports": [{"name": "https", "port": 443, "targetPort": "https", "protocol": "TCP", "appProtocol": "https"}],
             },
         }),
     ];
     let (key, value) = SERVICE_BACKEND_HTTPS;
     manifests[2]["metadata"]["annotations"][key] = json!(value);
+    manifests.push(deployment(&names, spec, settings));
+    manifests.extend(ingress(&names, spec, settings));
+    if spec.replicas.is_some_and(|r| r > 1) {
+        manifests.push(json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": names.metadata(),
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": names.selector}},
+        }));
+    }
+    let fingerprint = stamp_fingerprint(&mut manifests);
+    Rendered { manifests, fingerprint }
+}
+
+/// The fingerprint of every rendered object, written on the Deployment's
+/// pod template.
+fn stamp_fingerprint(manifests: &mut [Value]) -> String {
+    let mut bytes = Vec::with_capacity(8 * 1024);
+    for m in manifests.iter() {
+        // Writing a Value to a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut bytes, m);
+    }
+    let fingerprint = fingerprint(&bytes);
+    for m in manifests.iter_mut() {
+        if m["kind"] == "Deployment" {
+            m["spec"]["template"]["metadata"]["annotations"] =
+                json!({ANNOTATION_FINGERPRINT: fingerprint});
+        }
+    }
+    fingerprint
+}
+
+/// The Ingress of the gateway's route, if it has a host.
+fn ingress(names: &Names<'_>, spec: &GatewaySpec, settings: &RenderSettings) -> Option<Value> {
+    let route = spec.route.as_ref().filter(|r| !r.host.is_empty())?;
+    let mut ingress = json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": names.metadata(),
+        "spec": {"rules": [{"host": route.host, "http": {"paths": [{
+            "path": "/", "pathType": "Prefix",
+            "backend": {"service": {"name": names.name, "port": {"name": "https"}}},
+        }]}}]},
+    });
+    if !settings.ingress_class.is_empty() {
+        ingress["spec"]["ingressClassName"] = json!(settings.ingress_class);
+    }
+    for (key, value) in INGRESS_BACKEND_HTTPS {
+        ingress["metadata"]["annotations"][key] = json!(value);
+    }
+    if !route.tls_secret_name.is_empty() {
+        ingress["spec"]["tls"] =
+            json!([{"hosts": [route.host], "secretName": route.tls_secret_name}]);
+    }
+    Some(ingress)
+}
+
+/// The Deployment: the gateway container and its supervisor sidecar.
+fn deployment(names: &Names<'_>, spec: &GatewaySpec, settings: &RenderSettings) -> Value {
+    let name = names.name;
+    let selector = &names.selector;
+    let supervisor_image = if spec.supervisor_image.is_empty() {
+        settings.default_supervisor_image.as_str()
+    } else {
+        spec.supervisor_image.as_str()
+    };
     let probe = |path: &str, port: &str| json!({"httpGet": {"path": path, "port": port}, "periodSeconds": 10, "timeoutSeconds": 2, "failureThreshold": 3});
-    let pod_labels = common_labels(gateway_name, uid);
+    let pod_labels = common_labels(names.gateway, names.uid);
     let mut gateway_mounts = vec![
         json!({"name": "config", "mountPath": "/etc/gantry", "readOnly": true}),
         json!({"name": "tmp", "mountPath": "/tmp"}),
@@ -310,7 +387,7 @@ pub fn render(gateway: &Gateway, settings: &RenderSettings) -> Rendered {
         })
     };
     let mut deployment = json!({
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": metadata(name, ns),
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": names.metadata(),
         "spec": {
             "selector": {"matchLabels": selector},
             "progressDeadlineSeconds": settings.progress_deadline.as_secs(),
@@ -365,46 +442,7 @@ pub fn render(gateway: &Gateway, settings: &RenderSettings) -> Rendered {
     if let Some(replicas) = spec.replicas {
         deployment["spec"]["replicas"] = json!(replicas);
     }
-    manifests.push(deployment);
-    if let Some(route) = spec.route.as_ref().filter(|r| !r.host.is_empty()) {
-        let mut ingress = json!({
-            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": metadata(name, ns),
-            "spec": {"rules": [{"host": route.host, "http": {"paths": [{
-                "path": "/", "pathType": "Prefix",
-                "backend": {"service": {"name": name, "port": {"name": "https"}}},
-            }]}}]},
-        });
-        if !settings.ingress_class.is_empty() {
-            ingress["spec"]["ingressClassName"] = json!(settings.ingress_class);
-        }
-        for (key, value) in INGRESS_BACKEND_HTTPS {
-            ingress["metadata"]["annotations"][key] = json!(value);
-        }
-        if !route.tls_secret_name.is_empty() {
-            ingress["spec"]["tls"] =
-                json!([{"hosts": [route.host], "secretName": route.tls_secret_name}]);
-        }
-        manifests.push(ingress);
-    }
-    if spec.replicas.is_some_and(|r| r > 1) {
-        manifests.push(json!({
-            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": metadata(name, ns),
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}},
-        }));
-    }
-    let mut bytes = Vec::with_capacity(8 * 1024);
-    for m in &manifests {
-        // Writing a Value to a Vec cannot fail.
-        let _ = serde_json::to_writer(&mut bytes, m);
-    }
-    let fingerprint = fingerprint(&bytes);
-    for m in &mut manifests {
-        if m["kind"] == "Deployment" {
-            m["spec"]["template"]["metadata"]["annotations"] =
-                json!({ANNOTATION_FINGERPRINT: fingerprint});
-        }
-    }
-    Rendered { manifests, fingerprint }
+    deployment
 }
 
 /// The file name of a manifest in the directory target.
