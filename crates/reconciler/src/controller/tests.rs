@@ -9,8 +9,26 @@ use gantry_core::Role;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use gantry_api::v1::{GatewayStatus, Phase};
+use gantry_core::recovery::Inputs;
+use gantry_core::retry::Backoff;
+use gantry_core::status::MAX_TEXT_BYTES;
+use tokio::time::Instant;
+
+use super::context::ms_timestamp;
 use super::*;
+use crate::render::{render, Rendered};
+use crate::status::{self, Observation, Workload, STATUS_PATHS};
 use crate::store::MemoryStore;
+use crate::targets::{Owner, TargetError};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// A target whose applies fail while `failing` holds an error text, and
 /// whose workload is whatever `workload` says.
@@ -468,7 +486,7 @@ async fn drift_is_repaired_and_an_idle_gateway_costs_nothing() {
     tokio::time::sleep(Duration::from_secs(700)).await; // two resyncs
     assert_eq!((target.applies_of("edge"), store.reconciler_writes()), (1, writes));
     target.drifted.store(true, Ordering::SeqCst);
-    running.controller.queue.add("edge"); // what the owned-object watch does
+    running.controller.state().queue.add("edge"); // what the owned-object watch does
     until(Duration::from_secs(1), "drift repaired", || target.applies_of("edge") == 2).await;
     running.stop().await;
 }
