@@ -11,14 +11,13 @@ use gantry_api::v1::{Gateway, GatewayStatus, ObjectMeta};
 use gantry_core::recovery::{Attempts, Inputs};
 use prost_types::Timestamp;
 use tokio::time::Instant;
-use tonic::Code;
 
 use super::action::ReconcileError;
 use super::state::{name_of, rv_of, State};
 use super::{Settings, STORE_TIMEOUT, TARGET_TIMEOUT};
 use crate::render::Rendered;
 use crate::status::{Observation, STATUS_PATHS};
-use crate::store::GatewayStore;
+use crate::store::{GatewayStore, StoreError};
 use crate::targets::{Owner, Target, TargetError};
 
 /// What every pass works with.
@@ -126,9 +125,10 @@ impl Context {
         match observed {
             Ok(Ok(o)) => Ok(o),
             Ok(Err(e)) => Err(ReconcileError::Observe(e)),
-            Err(_) => Err(ReconcileError::Observe(TargetError(format!(
-                "no answer within {STORE_TIMEOUT:?}"
-            )))),
+            Err(_) => Err(ReconcileError::Observe(TargetError::Timeout {
+                what: String::new(),
+                after: STORE_TIMEOUT,
+            })),
         }
     }
 
@@ -144,7 +144,7 @@ impl Context {
         self.state.metrics.stage("apply", started);
         match applied {
             Ok(r) => r,
-            Err(_) => Err(TargetError(format!("apply: no answer within {TARGET_TIMEOUT:?}"))),
+            Err(_) => Err(TargetError::Timeout { what: "apply".into(), after: TARGET_TIMEOUT }),
         }
     }
 
@@ -154,9 +154,10 @@ impl Context {
             Ok(Ok(gone)) => Ok(gone),
             Ok(Err(e)) if !self.target.may_write() => Err(ReconcileError::NotLeader(e)),
             Ok(Err(e)) => Err(ReconcileError::Cleanup(e)),
-            Err(_) => Err(ReconcileError::Cleanup(TargetError(format!(
-                "no answer within {TARGET_TIMEOUT:?}"
-            )))),
+            Err(_) => Err(ReconcileError::Cleanup(TargetError::Timeout {
+                what: String::new(),
+                after: TARGET_TIMEOUT,
+            })),
         }
     }
 
@@ -223,24 +224,22 @@ impl Context {
                 self.state.remember(updated.clone());
                 Ok(updated)
             }
-            Ok(Err(status)) if status.code() == Code::Aborted => {
+            Ok(Err(StoreError::Conflict(_))) => {
                 tracing::debug!("gateway changed meanwhile; re-reading");
                 match tokio::time::timeout(STORE_TIMEOUT, self.store.get(&name)).await {
                     Ok(Ok(fresh)) => {
                         self.state.remember(fresh);
                     }
-                    Ok(Err(status)) if status.code() == Code::NotFound => self.state.forget(&name),
+                    Ok(Err(StoreError::NotFound(_))) => self.state.forget(&name),
                     _ => {}
                 }
                 Err(ReconcileError::Conflict)
             }
-            Ok(Err(status)) if status.code() == Code::NotFound => {
+            Ok(Err(StoreError::NotFound(_))) => {
                 self.state.forget(&name);
                 Err(ReconcileError::Store(format!("gateway {name} is gone")))
             }
-            Ok(Err(status)) => {
-                Err(ReconcileError::Store(format!("{:?}: {}", status.code(), status.message())))
-            }
+            Ok(Err(e)) => Err(ReconcileError::Store(e.to_string())),
             Err(_) => Err(ReconcileError::Store(format!("no answer within {STORE_TIMEOUT:?}"))),
         }
     }

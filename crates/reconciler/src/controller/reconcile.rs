@@ -131,7 +131,7 @@ async fn apply(
         Err(e) if !ctx.target.may_write() => Err(ReconcileError::NotLeader(e)),
         Err(e) => {
             // Printable first: a replaced control character takes three bytes.
-            let error = shorten(&printable(&e.0, false), MAX_TEXT_BYTES);
+            let error = shorten(&printable(&e.to_string(), false), MAX_TEXT_BYTES);
             let failure = policy.on_failure(record.as_ref(), inputs, &error, now, fastrand::f64());
             let wait = Duration::from_millis(failure.attempts.retry_at_ms.saturating_sub(now));
             tracing::warn!(error = %e, failures = failure.attempts.failures, exhausted = failure.exhausted, retry_in = ?wait, "apply failed");

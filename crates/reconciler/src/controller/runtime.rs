@@ -244,9 +244,7 @@ async fn watch_store(ctx: Arc<Context>) {
                     }
                     on_update(state, &mut listing, update);
                 }
-                Some(Err(status)) => {
-                    break format!("{:?}: {}", status.code(), status.message());
-                }
+                Some(Err(e)) => break e.to_string(),
                 None => break "the watch ended".to_string(),
             }
         };

@@ -63,7 +63,7 @@ impl Target for ScriptedTarget {
     async fn apply(&self, owner: &Owner, _: &Rendered) -> Result<(), TargetError> {
         lock(&self.applies).push((owner.name.clone(), Instant::now()));
         match lock(&self.failing).clone() {
-            Some(error) => Err(TargetError(error)),
+            Some(error) => Err(TargetError::Other(error)),
             None => {
                 self.drifted.store(false, Ordering::SeqCst);
                 Ok(())

@@ -27,12 +27,13 @@ pub struct DirectoryTarget {
 }
 
 fn io_error(context: &str, path: &Path, e: std::io::Error) -> TargetError {
-    TargetError(format!("{context} {}: {e}", path.display()))
+    TargetError::Other(format!("{context} {}: {e}", path.display()))
 }
 
 /// The YAML of one manifest.
 pub fn to_yaml(manifest: &Value) -> Result<String, TargetError> {
-    serde_saphyr::to_string(manifest).map_err(|e| TargetError(format!("cannot render YAML: {e}")))
+    serde_saphyr::to_string(manifest)
+        .map_err(|e| TargetError::Other(format!("cannot render YAML: {e}")))
 }
 
 impl DirectoryTarget {
@@ -69,7 +70,7 @@ impl DirectoryTarget {
     /// a link is refused.
     async fn kind_of(path: &Path) -> Result<Option<std::fs::FileType>, TargetError> {
         match tokio::fs::symlink_metadata(path).await {
-            Ok(m) if m.file_type().is_symlink() => Err(TargetError(format!(
+            Ok(m) if m.file_type().is_symlink() => Err(TargetError::Other(format!(
                 "{} is a symbolic link; gantry does not follow links out of its directory",
                 path.display()
             ))),
@@ -90,7 +91,7 @@ impl DirectoryTarget {
                     .map_err(|e| io_error("cannot create", dir, e))?;
             }
             Some(t) if !t.is_dir() => {
-                return Err(TargetError(format!(
+                return Err(TargetError::Other(format!(
                     "{} exists and is not a directory",
                     dir.display()
                 )));
@@ -103,7 +104,7 @@ impl DirectoryTarget {
                     if uid.trim() == owner.uid {
                         return Ok(());
                     }
-                    return Err(TargetError(format!(
+                    return Err(TargetError::Other(format!(
                         "{} belongs to another gateway named {} (uid {}); remove it if that gateway is gone",
                         dir.display(),
                         owner.name,
@@ -118,7 +119,7 @@ impl DirectoryTarget {
                     .map_err(|e| io_error("cannot read", dir, e))?
                     .is_some()
                 {
-                    return Err(TargetError(format!(
+                    return Err(TargetError::Other(format!(
                         "{} exists and was not written by gantry; move it away",
                         dir.display()
                     )));
@@ -260,7 +261,7 @@ mod tests {
         std::fs::remove_file(dir.join("notes.txt")).unwrap();
         target.apply(&owner("u1"), &rendered(&manifests("u1"))).await.unwrap();
         let refused = target.apply(&owner("u2"), &rendered(&manifests("u2"))).await.unwrap_err();
-        assert!(refused.0.contains("another gateway"), "{refused}");
+        assert!(refused.to_string().contains("another gateway"), "{refused}");
         assert!(target.delete(&owner("u2")).await.unwrap());
         assert!(dir.join("deployment.yaml").exists());
         std::fs::remove_dir_all(root).unwrap();
@@ -274,7 +275,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("service.yaml"), "someone else's").unwrap();
         let refused = target.apply(&owner("u1"), &rendered(&manifests("u1"))).await.unwrap_err();
-        assert!(refused.0.contains("not written by gantry"), "{refused}");
+        assert!(refused.to_string().contains("not written by gantry"), "{refused}");
         assert_eq!(std::fs::read_to_string(dir.join("service.yaml")).unwrap(), "someone else's");
         std::fs::remove_dir_all(&dir).unwrap();
 
@@ -285,7 +286,7 @@ mod tests {
         std::fs::remove_file(dir.join("deployment.yaml")).unwrap();
         std::os::unix::fs::symlink(&outside, dir.join("deployment.yaml")).unwrap();
         let refused = target.apply(&owner("u1"), &rendered(&manifests("u1"))).await.unwrap_err();
-        assert!(refused.0.contains("symbolic link"), "{refused}");
+        assert!(refused.to_string().contains("symbolic link"), "{refused}");
         assert!(target.delete(&owner("u1")).await.is_err(), "delete does not follow it either");
         assert_eq!(std::fs::read_to_string(&outside).unwrap(), "keep");
 

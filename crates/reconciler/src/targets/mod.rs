@@ -26,10 +26,36 @@ impl Owner {
     }
 }
 
-/// A target call that failed; the message is what status reports.
+/// A target call that failed; its text is what status reports.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct TargetError(pub String);
+pub enum TargetError {
+    /// An object in the way is not this gateway's (Helm's check).
+    #[error("{kind} {name} exists and is not managed by this gateway; rename or remove it, or give gateways their own namespace")]
+    NotOurs { kind: String, name: String },
+    /// A call was refused or failed: `what` (such as "apply Deployment
+    /// edge") and why.
+    #[error("{what}: {message}")]
+    Call { what: String, message: String },
+    /// A call got no answer within `after`.
+    #[error("{}no answer within {after:?}", prefix(what))]
+    Timeout { what: String, after: std::time::Duration },
+    /// A write stopped before it was sent: this replica's leadership
+    /// lapsed.
+    #[error("{what}: stopped, this replica's leadership has lapsed")]
+    Fenced { what: String },
+    /// Anything else (the directory target's files, a scripted failure).
+    #[error("{0}")]
+    Other(String),
+}
+
+/// `what: `, or nothing when there is no `what`.
+fn prefix(what: &str) -> String {
+    if what.is_empty() {
+        String::new()
+    } else {
+        format!("{what}: ")
+    }
+}
 
 /// A place manifests are applied to.
 #[tonic::async_trait]

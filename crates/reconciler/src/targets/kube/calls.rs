@@ -38,8 +38,8 @@ pub(super) async fn bounded<T>(
 ) -> Result<T, TargetError> {
     match tokio::time::timeout(CALL_TIMEOUT, call).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(TargetError(format!("{what}: {}", describe(&e)))),
-        Err(_) => Err(TargetError(format!("{what}: no answer within {CALL_TIMEOUT:?}"))),
+        Ok(Err(e)) => Err(TargetError::Call { what: what.into(), message: describe(&e) }),
+        Err(_) => Err(TargetError::Timeout { what: what.into(), after: CALL_TIMEOUT }),
     }
 }
 
@@ -88,16 +88,14 @@ pub(super) async fn apply_or_recreate(
             delete_object(api, &format!("recreate {kind} {name}"), name).await?;
             bounded(&what, api.patch(name, &params, &Patch::Apply(manifest))).await
         }
-        Ok(result) => result.map_err(|e| TargetError(format!("{what}: {}", describe(&e)))),
-        Err(_) => Err(TargetError(format!("{what}: no answer within {CALL_TIMEOUT:?}"))),
+        Ok(result) => result.map_err(|e| TargetError::Call { what, message: describe(&e) }),
+        Err(_) => Err(TargetError::Timeout { what, after: CALL_TIMEOUT }),
     }
 }
 
 /// The refusal for an object in the way.
 pub(super) fn not_ours(kind: &str, name: &str) -> TargetError {
-    TargetError(format!(
-        "{kind} {name} exists and is not managed by this gateway; rename or remove it, or give gateways their own namespace"
-    ))
+    TargetError::NotOurs { kind: kind.into(), name: name.into() }
 }
 
 #[cfg(test)]

@@ -124,9 +124,7 @@ impl KubeTarget {
             if self.fence.allows() {
                 write.as_mut().poll(cx)
             } else {
-                std::task::Poll::Ready(Err(TargetError(format!(
-                    "{what}: stopped, this replica's leadership has lapsed"
-                ))))
+                std::task::Poll::Ready(Err(TargetError::Fenced { what: what.into() }))
             }
         })
         .await
@@ -440,7 +438,7 @@ mod tests {
             Ok(())
         };
         let outcome = target.fenced("apply ConfigMap edge", write).await;
-        assert!(outcome.unwrap_err().0.contains("leadership has lapsed"));
+        assert!(outcome.unwrap_err().to_string().contains("leadership has lapsed"));
         assert!(!sent.load(std::sync::atomic::Ordering::SeqCst), "the write went on");
         let quick = target.fenced("apply ConfigMap edge", async { Ok(()) }).await;
         assert!(quick.is_err(), "a write started after the tenure");

@@ -1,73 +1,19 @@
-//! What the controller needs of gateway-store, as a trait: read one
-//! gateway, update it with a mask and a resource_version precondition, and
-//! list-then-watch. [`GrpcStore`] is the real one; [`MemoryStore`] applies
-//! gantry-core's rules in memory, so the controller's rules are tested in
-//! process with paused time.
+//! Gateways in memory under gantry-core's rules, with faults on demand:
+//! the store of the controller's tests.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
-use gantry_api::v1::{Gateway, GetGatewayRequest, ObjectMeta, UpdateGatewayRequest};
-use gantry_client::watch::{list_then_watch, WatchOptions, WatchUpdate};
-use gantry_client::GatewayClient;
+use gantry_api::v1::{Gateway, ObjectMeta};
+use gantry_client::watch::WatchUpdate;
 use gantry_core::lifecycle::{self, Write};
 use gantry_core::{Role, RuleError};
-use prost_types::{FieldMask, Timestamp};
+use prost_types::Timestamp;
 use tonic::Status;
 
-/// gateway-store as the controller uses it. Errors are gRPC statuses:
-/// ABORTED is a failed precondition (re-read), NOT_FOUND a gateway gone.
-#[tonic::async_trait]
-pub trait GatewayStore: Send + Sync + std::fmt::Debug + 'static {
-    async fn get(&self, name: &str) -> Result<Gateway, Status>;
-
-    /// UpdateGateway of the fields in `paths`, conditional on
-    /// `gateway.metadata.resource_version`.
-    async fn update(&self, gateway: Gateway, paths: &[&str]) -> Result<Gateway, Status>;
-
-    /// List-then-watch of every gateway: a `Reset` after each (re)list,
-    /// then changes in revision order. Transient interruptions are resumed
-    /// inside; the stream ends after a refusal retrying cannot fix (yielded
-    /// as `Err`), and the caller starts a new one after a backoff.
-    fn watch(&self) -> BoxStream<'static, Result<WatchUpdate, Status>>;
-}
-
-/// The store over gRPC.
-#[derive(Debug, Clone)]
-pub struct GrpcStore {
-    client: GatewayClient,
-}
-
-impl GrpcStore {
-    pub fn new(client: GatewayClient) -> Self {
-        Self { client }
-    }
-}
-
-#[tonic::async_trait]
-impl GatewayStore for GrpcStore {
-    async fn get(&self, name: &str) -> Result<Gateway, Status> {
-        let request = GetGatewayRequest { name: name.to_string() };
-        Ok(self.client.clone().get_gateway(request).await?.into_inner())
-    }
-
-    async fn update(&self, gateway: Gateway, paths: &[&str]) -> Result<Gateway, Status> {
-        let request = UpdateGatewayRequest {
-            gateway: Some(gateway),
-            update_mask: Some(FieldMask { paths: paths.iter().map(|p| p.to_string()).collect() }),
-            validate_only: false,
-        };
-        // Status writes are conditional: an unknown outcome is resolved by
-        // reading back, never applied twice.
-        gantry_client::write::update_gateway(&mut self.client.clone(), request).await
-    }
-
-    fn watch(&self) -> BoxStream<'static, Result<WatchUpdate, Status>> {
-        list_then_watch(self.client.clone(), WatchOptions::default()).boxed()
-    }
-}
+use super::{GatewayStore, StoreError};
 
 /// Gateways in memory under gantry-core's rules, with faults on demand.
 #[derive(Debug, Clone, Default)]
@@ -76,7 +22,7 @@ pub struct MemoryStore {
     events: Arc<Mutex<Vec<Subscriber>>>,
 }
 
-type Subscriber = tokio::sync::mpsc::UnboundedSender<Result<WatchUpdate, Status>>;
+type Subscriber = tokio::sync::mpsc::UnboundedSender<Result<WatchUpdate, StoreError>>;
 
 #[derive(Debug, Default)]
 struct Memory {
@@ -224,7 +170,7 @@ impl MemoryStore {
             let mut subscribers =
                 self.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             for tx in subscribers.drain(..) {
-                let _ = tx.send(Err(status.clone()));
+                let _ = tx.send(Err(status.clone().into()));
             }
         }
         self.lock().refuse_watch = status;
@@ -243,27 +189,27 @@ impl MemoryStore {
 
 #[tonic::async_trait]
 impl GatewayStore for MemoryStore {
-    async fn get(&self, name: &str) -> Result<Gateway, Status> {
+    async fn get(&self, name: &str) -> Result<Gateway, StoreError> {
         let memory = self.lock();
         if memory.down {
-            return Err(Status::unavailable("the store is down"));
+            return Err(Status::unavailable("the store is down").into());
         }
         memory
             .gateways
             .get(name)
             .cloned()
-            .ok_or_else(|| rule_status(&RuleError::NotFound(name.to_string())))
+            .ok_or_else(|| rule_status(&RuleError::NotFound(name.to_string())).into())
     }
 
-    async fn update(&self, gateway: Gateway, paths: &[&str]) -> Result<Gateway, Status> {
-        self.update_as(Role::Reconciler, &gateway, paths)
+    async fn update(&self, gateway: Gateway, paths: &[&str]) -> Result<Gateway, StoreError> {
+        Ok(self.update_as(Role::Reconciler, &gateway, paths)?)
     }
 
-    fn watch(&self) -> BoxStream<'static, Result<WatchUpdate, Status>> {
+    fn watch(&self) -> BoxStream<'static, Result<WatchUpdate, StoreError>> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let memory = self.lock();
         if let Some(status) = memory.refuse_watch.clone() {
-            let _ = tx.send(Err(status));
+            let _ = tx.send(Err(status.into()));
             return tokio_stream::wrappers::UnboundedReceiverStream::new(rx).boxed();
         }
         let revision = memory.revision;
