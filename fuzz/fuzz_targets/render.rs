@@ -19,8 +19,9 @@ fuzz_target!(|data: &[u8]| {
     };
     let settings = RenderSettings::default();
     let first = render(&gateway, &settings);
-    for manifest in &first.manifests {
-        assert!(manifest["kind"].is_string() && manifest["metadata"]["name"].is_string());
+    for manifest in &first.objects {
+        assert!(!manifest.kind.is_empty() && !manifest.name.is_empty());
+        assert!(manifest.body["kind"] == manifest.kind);
     }
     assert_eq!(render(&gateway, &settings).fingerprint, first.fingerprint);
 });

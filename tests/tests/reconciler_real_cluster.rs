@@ -748,7 +748,7 @@ async fn rendered_manifests_pass_strict_validation_and_the_restricted_standard()
     };
     let settings = RenderSettings { namespace: namespace.clone(), ..RenderSettings::default() };
     let full = render(&gateway("edge", spec), &settings);
-    let kinds: Vec<&str> = full.manifests.iter().map(|m| m["kind"].as_str().unwrap()).collect();
+    let kinds: Vec<&str> = full.objects.iter().map(|m| m.kind).collect();
     assert_eq!(
         kinds,
         ["ServiceAccount", "ConfigMap", "Service", "Deployment", "Ingress", "PodDisruptionBudget"]
@@ -759,8 +759,8 @@ async fn rendered_manifests_pass_strict_validation_and_the_restricted_standard()
         &settings,
     );
     for (rendered, dry_run) in [(&full, true), (&minimal, false)] {
-        let list =
-            serde_json::json!({"apiVersion": "v1", "kind": "List", "items": rendered.manifests});
+        let items: Vec<_> = rendered.objects.iter().map(|m| &m.body).collect();
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
         let mut args =
             vec!["apply", "--server-side", "--validate=strict", "--field-manager=render-test"];
         if dry_run {
@@ -770,7 +770,7 @@ async fn rendered_manifests_pass_strict_validation_and_the_restricted_standard()
         // The namespace warns of the restricted standard on workloads.
         let warnings = String::from_utf8_lossy(&out.stderr);
         assert!(warnings.trim().is_empty(), "the API server warned: {warnings}");
-        assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), rendered.manifests.len());
+        assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), rendered.objects.len());
     }
     // The standard is enforced on pods: the ReplicaSet's pods are admitted.
     plane.wait_for(

@@ -184,8 +184,43 @@ impl Default for RenderSettings {
 /// The objects of one gateway and the fingerprint of everything rendered.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rendered {
-    pub manifests: Vec<Value>,
+    /// In apply order.
+    pub objects: Vec<Manifest>,
     pub fingerprint: String,
+}
+
+impl Rendered {
+    /// The rendered object of `kind`, if any (at most one of each).
+    pub fn get(&self, kind: &str) -> Option<&Manifest> {
+        self.objects.iter().find(|m| m.kind == kind)
+    }
+}
+
+/// One rendered object: its type and name, read once, and the manifest
+/// applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Manifest {
+    /// One of [`OWNED_KINDS`].
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    pub name: String,
+    pub body: Value,
+}
+
+impl Manifest {
+    /// `body`, which names one of [`OWNED_KINDS`] (everything `render`
+    /// makes does).
+    pub fn of(body: Value) -> Self {
+        let (api_version, kind) =
+            OWNED_KINDS.iter().copied().find(|(_, k)| body["kind"] == *k).unwrap_or(("", ""));
+        let name = body["metadata"]["name"].as_str().unwrap_or("").to_string();
+        Manifest { api_version, kind, name, body }
+    }
+
+    /// Its file name in the directory target.
+    pub fn file_name(&self) -> String {
+        file_name(&self.body)
+    }
 }
 
 /// Labels on every object of gateway `name` with `uid`.
@@ -305,7 +340,7 @@ pub fn render(gateway: &Gateway, settings: &RenderSettings) -> Rendered {
         }));
     }
     let fingerprint = stamp_fingerprint(&mut manifests);
-    Rendered { manifests, fingerprint }
+    Rendered { objects: manifests.into_iter().map(Manifest::of).collect(), fingerprint }
 }
 
 /// The fingerprint of every rendered object, written on the Deployment's
@@ -496,7 +531,7 @@ mod tests {
     }
 
     fn containers(r: &Rendered) -> Vec<Value> {
-        let deployment = r.manifests.iter().find(|m| m["kind"] == "Deployment").unwrap();
+        let deployment = &r.get("Deployment").unwrap().body;
         deployment["spec"]["template"]["spec"]["containers"].as_array().unwrap().clone()
     }
 
@@ -504,7 +539,7 @@ mod tests {
     fn the_pod_passes_a_production_review() {
         for spec in [minimal(), full()] {
             let rendered = render(&gateway(spec.clone()), &RenderSettings::default());
-            let deployment = rendered.manifests.iter().find(|m| m["kind"] == "Deployment").unwrap();
+            let deployment = &rendered.get("Deployment").unwrap().body;
             let pod = &deployment["spec"]["template"]["spec"];
             for container in containers(&rendered) {
                 let name = container["name"].as_str().unwrap().to_string();
@@ -561,13 +596,13 @@ mod tests {
             &gateway(full()),
             &RenderSettings { ingress_class: "nginx".into(), ..RenderSettings::default() },
         );
-        let ingress = rendered.manifests.iter().find(|m| m["kind"] == "Ingress").unwrap();
+        let ingress = &rendered.get("Ingress").unwrap().body;
         assert_eq!(ingress["spec"]["ingressClassName"], "nginx");
         assert_eq!(
             ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/backend-protocol"],
             "HTTPS"
         );
-        let service = rendered.manifests.iter().find(|m| m["kind"] == "Service").unwrap();
+        let service = &rendered.get("Service").unwrap().body;
         assert_eq!(service["spec"]["ports"][0]["appProtocol"], "https");
     }
 
@@ -606,16 +641,16 @@ mod tests {
     }
 
     fn kinds(r: &Rendered) -> Vec<&str> {
-        r.manifests.iter().map(|m| m["kind"].as_str().unwrap()).collect()
+        r.objects.iter().map(|m| m.kind).collect()
     }
 
     /// Compares with `tests/golden/<name>.yaml`; `GANTRY_UPDATE_GOLDEN=1`
     /// rewrites the file instead.
     fn golden(name: &str, rendered: &Rendered) {
         let text = rendered
-            .manifests
+            .objects
             .iter()
-            .map(|m| serde_saphyr::to_string(m).unwrap())
+            .map(|m| serde_saphyr::to_string(&m.body).unwrap())
             .collect::<Vec<_>>()
             .join("---\n");
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -662,11 +697,11 @@ mod tests {
     #[test]
     fn every_object_carries_the_labels_and_the_pods_the_fingerprint() {
         let r = render(&gateway(full()), &RenderSettings::default());
-        for m in &r.manifests {
+        for m in r.objects.iter().map(|m| &m.body) {
             assert_eq!(m["metadata"]["labels"][LABEL_GATEWAY], "edge");
             assert_eq!(m["metadata"]["labels"][LABEL_MANAGED_BY], "gantry");
         }
-        let deployment = r.manifests.iter().find(|m| m["kind"] == "Deployment").unwrap();
+        let deployment = &r.get("Deployment").unwrap().body;
         assert_eq!(
             deployment["spec"]["template"]["metadata"]["annotations"][ANNOTATION_FINGERPRINT],
             r.fingerprint.as_str()
@@ -677,15 +712,15 @@ mod tests {
     fn a_name_prefix_names_every_object_and_every_reference_but_not_the_labels() {
         let settings = RenderSettings { name_prefix: "gw-".into(), ..RenderSettings::default() };
         let r = render(&gateway(full()), &settings);
-        for m in &r.manifests {
+        for m in r.objects.iter().map(|m| &m.body) {
             assert_eq!(m["metadata"]["name"], "gw-edge", "{}", m["kind"]);
             assert_eq!(m["metadata"]["labels"][LABEL_GATEWAY], "edge");
         }
-        let deployment = r.manifests.iter().find(|m| m["kind"] == "Deployment").unwrap();
+        let deployment = &r.get("Deployment").unwrap().body;
         let pod = &deployment["spec"]["template"]["spec"];
         assert_eq!(pod["serviceAccountName"], "gw-edge");
         assert_eq!(pod["volumes"][0]["configMap"]["name"], "gw-edge");
-        let ingress = r.manifests.iter().find(|m| m["kind"] == "Ingress").unwrap();
+        let ingress = &r.get("Ingress").unwrap().body;
         let backend = &ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"];
         assert_eq!(backend["name"], "gw-edge");
     }
@@ -693,13 +728,13 @@ mod tests {
     #[test]
     fn replicas_left_unset_are_not_rendered() {
         let r = render(&gateway(minimal()), &RenderSettings::default());
-        let deployment = r.manifests.iter().find(|m| m["kind"] == "Deployment").unwrap();
+        let deployment = &r.get("Deployment").unwrap().body;
         assert!(deployment["spec"].get("replicas").is_none(), "{deployment}");
         let fixed = render(
             &gateway(GatewaySpec { replicas: Some(1), ..minimal() }),
             &RenderSettings::default(),
         );
-        let deployment = fixed.manifests.iter().find(|m| m["kind"] == "Deployment").unwrap();
+        let deployment = &fixed.get("Deployment").unwrap().body;
         assert_eq!(deployment["spec"]["replicas"], 1);
         assert_ne!(fixed.fingerprint, r.fingerprint);
     }

@@ -72,7 +72,7 @@ async fn report(
 ) -> Result<Action, ReconcileError> {
     let generation = gateway.metadata.as_ref().map_or(0, |m| m.generation);
     let current = gateway.status.clone().unwrap_or_default();
-    let has_route = rendered.manifests.iter().any(|m| m["kind"] == "Ingress");
+    let has_route = rendered.get("Ingress").is_some();
     let desired = status::applied(generation, &rendered.fingerprint, observation, has_route);
     let moving =
         matches!(observation.workload, Workload::Progressing { .. } | Workload::Stalled { .. });

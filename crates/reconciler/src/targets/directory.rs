@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::{Owner, Target, TargetError};
-use crate::render::{file_name, Rendered, OWNED_KINDS};
+use crate::render::{Rendered, OWNED_KINDS};
 
 /// The marker file in each gateway's directory; it holds the gateway's uid.
 pub const MARKER: &str = ".gantry-gateway";
@@ -136,10 +136,10 @@ impl Target for DirectoryTarget {
         let dir = self.dir(&owner.name);
         Self::claim(&dir, owner).await?;
         let mut wanted = Vec::new();
-        for manifest in &rendered.manifests {
-            let path = dir.join(file_name(manifest));
+        for manifest in &rendered.objects {
+            let path = dir.join(manifest.file_name());
             Self::kind_of(&path).await?;
-            let yaml = to_yaml(manifest)?;
+            let yaml = to_yaml(&manifest.body)?;
             let unchanged =
                 tokio::fs::read_to_string(&path).await.is_ok_and(|existing| existing == yaml);
             if !unchanged {
@@ -164,12 +164,12 @@ impl Target for DirectoryTarget {
     ) -> Result<Observation, TargetError> {
         let dir = self.dir(&owner.name);
         let marker = tokio::fs::read_to_string(dir.join(MARKER)).await.unwrap_or_default();
-        let mut drifted = marker.trim() != owner.uid
-            || Self::files(&dir).await?.len() != rendered.manifests.len();
-        for manifest in &rendered.manifests {
-            let path = dir.join(file_name(manifest));
+        let mut drifted =
+            marker.trim() != owner.uid || Self::files(&dir).await?.len() != rendered.objects.len();
+        for manifest in &rendered.objects {
+            let path = dir.join(manifest.file_name());
             let current = tokio::fs::read_to_string(&path).await.ok();
-            drifted |= current.as_deref() != Some(to_yaml(manifest)?.as_str());
+            drifted |= current.as_deref() != Some(to_yaml(&manifest.body)?.as_str());
         }
         // Nothing admits a route here: no address is claimed.
         Ok(Observation { workload: Workload::Written, route_address: String::new(), drifted })
@@ -207,6 +207,7 @@ impl Target for DirectoryTarget {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::render::Manifest;
     use crate::render::{render, RenderSettings};
     use gantry_api::v1::{Gateway, GatewaySpec, ObjectMeta};
 
@@ -214,7 +215,7 @@ mod tests {
         Owner { name: "edge".into(), uid: uid.into() }
     }
 
-    fn manifests(uid: &str) -> Vec<Value> {
+    fn manifests(uid: &str) -> Vec<Manifest> {
         let g = Gateway {
             metadata: Some(ObjectMeta {
                 name: "edge".into(),
@@ -224,11 +225,11 @@ mod tests {
             spec: Some(GatewaySpec { image: "gw:1".into(), ..Default::default() }),
             status: None,
         };
-        render(&g, &RenderSettings::default()).manifests
+        render(&g, &RenderSettings::default()).objects
     }
 
-    fn rendered(manifests: &[Value]) -> Rendered {
-        Rendered { manifests: manifests.to_vec(), fingerprint: String::new() }
+    fn rendered(manifests: &[Manifest]) -> Rendered {
+        Rendered { objects: manifests.to_vec(), fingerprint: String::new() }
     }
 
     fn temp(label: &str) -> PathBuf {

@@ -13,7 +13,9 @@ use serde_json::Value;
 
 use super::drift::drift;
 use super::rollout::rollout;
-use crate::render::{ANNOTATION_FINGERPRINT, LABEL_GATEWAY, LABEL_GATEWAY_UID, OWNED_KINDS};
+use crate::render::{
+    Manifest, ANNOTATION_FINGERPRINT, LABEL_GATEWAY, LABEL_GATEWAY_UID, OWNED_KINDS,
+};
 use crate::status::Workload;
 
 /// `(kind, name)` of an owned object; the kind is one of [`OWNED_KINDS`].
@@ -276,10 +278,6 @@ pub(super) fn key(kind: &str, name: &str) -> Key {
     (owned_kind(kind), name.into())
 }
 
-pub(super) fn kind_and_name(manifest: &Value) -> (&str, &str) {
-    (manifest["kind"].as_str().unwrap_or(""), manifest["metadata"]["name"].as_str().unwrap_or(""))
-}
-
 impl Cache {
     /// An object the watch brought, its text shared with every other
     /// object of that shape.
@@ -378,9 +376,9 @@ impl Cache {
 
     /// Whether the gateway `uid` has a cached object of a kind `rendered`
     /// does not hold.
-    pub(super) fn owns_other_kinds(&self, uid: &str, rendered: &[Value]) -> bool {
+    pub(super) fn owns_other_kinds(&self, uid: &str, rendered: &[Manifest]) -> bool {
         self.owned.get(uid).is_some_and(|keys| {
-            keys.iter().any(|(kind, _)| !rendered.iter().any(|m| m["kind"] == *kind))
+            keys.iter().any(|(kind, _)| !rendered.iter().any(|m| m.kind == *kind))
         })
     }
 
@@ -552,7 +550,7 @@ mod tests {
         cache.put(key("Ingress", "edge"), live("u1"));
         let name = |k: &str| cache.objects[&key(k, "edge")].gateway.clone().unwrap();
         assert!(Arc::ptr_eq(&name("ConfigMap"), &name("Ingress")), "one name per gateway");
-        let rendered = [json!({"kind": "ConfigMap"})];
+        let rendered = [Manifest::of(json!({"kind": "ConfigMap"}))];
         assert!(cache.owns_any("Ingress", "u1"));
         assert!(cache.owns_other_kinds("u1", &rendered), "the Ingress is left over");
         // Taken over by another gateway's uid, then deleted.

@@ -37,15 +37,15 @@ use futures_util::StreamExt;
 use kube::api::{Api, DynamicObject, ListParams};
 use kube::runtime::watcher;
 use kube::Client;
-use serde_json::Value;
 
-use self::cache::{key, kind_and_name, track, Cache, Key, Live, Reading};
+use self::cache::{key, track, Cache, Key, Live, Reading};
 use self::calls::{api_resource, apply_or_recreate, bounded, delete_object, not_ours};
 use self::rollout::with_route;
 use super::{Owner, Target, TargetError};
 use crate::leader::Fence;
 use crate::render::{
-    owned_selector, Rendered, LABEL_GATEWAY_UID, LABEL_MANAGED_BY, MANAGED_BY, OWNED_KINDS,
+    owned_selector, Manifest, Rendered, LABEL_GATEWAY_UID, LABEL_MANAGED_BY, MANAGED_BY,
+    OWNED_KINDS,
 };
 use crate::status::{Observation, Workload};
 
@@ -190,12 +190,11 @@ impl KubeTarget {
         &self,
         owner: &Owner,
         rendered: &'r Rendered,
-    ) -> Option<(Vec<(&'r Value, Key, Option<(bool, Live)>)>, bool)> {
+    ) -> Option<(Vec<(&'r Manifest, Key, Option<(bool, Live)>)>, bool)> {
         let cache = self.cache();
-        let mut found = Vec::with_capacity(rendered.manifests.len());
-        for manifest in &rendered.manifests {
-            let (kind, name) = kind_and_name(manifest);
-            let k = key(kind, name);
+        let mut found = Vec::with_capacity(rendered.objects.len());
+        for manifest in &rendered.objects {
+            let k = key(manifest.kind, &manifest.name);
             if !cache.synced.contains(k.0) || !cache.caught_up(&k) {
                 return None;
             }
@@ -206,7 +205,7 @@ impl KubeTarget {
             found.push((manifest, k, live));
         }
         // Left behind: this gateway's objects of a kind no longer rendered.
-        Some((found, cache.owns_other_kinds(&owner.uid, &rendered.manifests)))
+        Some((found, cache.owns_other_kinds(&owner.uid, &rendered.objects)))
     }
 
     /// The route's state from the cached Ingress: its address, or how long
@@ -231,15 +230,16 @@ impl Target for KubeTarget {
     async fn apply(&self, owner: &Owner, rendered: &Rendered) -> Result<(), TargetError> {
         let mut rendered_kinds = Vec::new();
         let fingerprint: Arc<str> = Arc::from(rendered.fingerprint.as_str());
-        for manifest in &rendered.manifests {
-            let (kind, name) = kind_and_name(manifest);
-            let api = self.api(manifest["apiVersion"].as_str().unwrap_or(""), kind);
+        for manifest in &rendered.objects {
+            let (kind, name) = (manifest.kind, manifest.name.as_str());
+            let api = self.api(manifest.api_version, kind);
             self.check_owner(&api, kind, name, owner).await?;
             let what = format!("apply {kind} {name}");
             let k = key(kind, name);
             self.cache().applying.insert(k.clone(), None);
             let applied =
-                match self.fenced(&what, apply_or_recreate(&api, kind, name, manifest)).await {
+                match self.fenced(&what, apply_or_recreate(&api, kind, name, &manifest.body)).await
+                {
                     Ok(applied) => applied,
                     Err(e) => {
                         self.cache().applying.remove(&k);
@@ -248,7 +248,7 @@ impl Target for KubeTarget {
                 };
             // The answer is the object as applied: judged now, cached unless
             // the watch already brought a newer version or its deletion.
-            let live = Live::answered(k.0, applied, manifest, &fingerprint);
+            let live = Live::answered(k.0, applied, &manifest.body, &fingerprint);
             self.cache().answered(k, live);
             rendered_kinds.push(kind.to_string());
         }
@@ -276,8 +276,7 @@ impl Target for KubeTarget {
         owner: &Owner,
         rendered: &Rendered,
     ) -> Result<Observation, TargetError> {
-        let ingress = rendered.manifests.iter().find(|m| m["kind"] == "Ingress");
-        let ingress = ingress.map(|i| kind_and_name(i).1);
+        let ingress = rendered.get("Ingress").map(|i| i.name.as_str());
         let (route_address, route_waited) = match ingress {
             Some(name) => self.route(name),
             None => (String::new(), None),
@@ -301,7 +300,7 @@ impl Target for KubeTarget {
                 drifted = true;
                 continue;
             };
-            let (changed, verdict) = live.drift_from(ours, manifest, &fingerprint);
+            let (changed, verdict) = live.drift_from(ours, &manifest.body, &fingerprint);
             verdicts.extend(verdict.map(|v| (k.clone(), live.resource_version, v)));
             if let Some(field) = changed {
                 tracing::info!(
