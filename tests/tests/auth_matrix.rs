@@ -12,7 +12,7 @@ use gantry_api::v1::{
     WatchGatewaysRequest,
 };
 use gantry_client::{ClientConfig, GatewayClient};
-use gantry_e2e::{temp_dir, StoreProcess};
+use gantry_testkit::{temp_dir, StoreProcess};
 use prost_types::FieldMask;
 use tonic::Code;
 

@@ -15,7 +15,7 @@ use gantry_api::v1::{
     UpdateGatewayRequest, WatchGatewaysRequest,
 };
 use gantry_client::GatewayClient;
-use gantry_e2e::{in_ci, skipped, temp_dir, StoreProcess, TempPostgres};
+use gantry_testkit::{in_ci, skipped, temp_dir, StoreProcess, TempPostgres};
 use tokio_stream::StreamExt;
 
 fn gateway(name: &str, image: &str) -> Gateway {

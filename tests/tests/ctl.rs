@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use gantry_e2e::{binary, free_port, server_certificate, temp_dir, StoreProcess};
+use gantry_testkit::{binary, free_port, server_certificate, temp_dir, StoreProcess};
 
 struct Store {
     process: StoreProcess,
@@ -278,7 +278,7 @@ fn get_watch_keeps_one_table() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    gantry_e2e::kill_after(&watcher, Duration::from_secs(60));
+    gantry_testkit::kill_after(&watcher, Duration::from_secs(60));
     let mut lines = BufReader::new(watcher.stdout.take().unwrap()).lines();
     let mut next = || lines.next().unwrap().unwrap();
     let header = next();

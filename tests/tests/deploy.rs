@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use gantry_e2e::binary;
-use gantry_e2e::k8s::kustomize;
+use gantry_testkit::binary;
+use gantry_testkit::k8s::kustomize;
 use serde_json::Value;
 
 const OVERLAYS: [&str; 3] = ["postgres", "ha", "dev"];
@@ -23,7 +23,7 @@ const USER_PROVIDED: [&str; 4] =
 
 /// The kubectl of the pinned Kubernetes release (tests/k8s/setup.sh).
 fn kubectl() -> Option<PathBuf> {
-    gantry_e2e::k8s::kubectl()
+    gantry_testkit::k8s::kubectl()
 }
 
 fn strip_nulls(v: &Value) -> Value {
@@ -339,7 +339,7 @@ fn strict_parsing_rejects_wrong_types() {
 /// pods were admitted (a refused pod would leave the ReplicaSet short).
 #[test]
 fn every_overlay_is_admitted_by_the_real_api_server_under_the_restricted_standard() {
-    use gantry_e2e::k8s::ControlPlane;
+    use gantry_testkit::k8s::ControlPlane;
     let Some(plane) = ControlPlane::shared() else { return };
     for overlay in OVERLAYS {
         let namespace = format!("deploy-{overlay}");

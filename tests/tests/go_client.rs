@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use gantry_e2e::{binary, in_ci, skipped};
+use gantry_testkit::{binary, in_ci, skipped};
 
 #[test]
 fn the_go_client_passes_its_tests_against_a_real_store() {

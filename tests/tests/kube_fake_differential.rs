@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use futures_util::StreamExt;
-use gantry_e2e::k8s::ControlPlane;
 use gantry_kube_fake::KubeFake;
+use gantry_testkit::k8s::ControlPlane;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
     WatchEvent, WatchParams,
@@ -347,13 +347,17 @@ async fn kube_fake_answers_as_the_real_api_server_does() {
     let mut real_all = real.clone();
     real_all.insert(
         "kubectl create".into(),
-        kubectl_creates(&gantry_e2e::k8s::kubectl().unwrap(), &plane.admin_kubeconfig, &real_ns),
+        kubectl_creates(
+            &gantry_testkit::k8s::kubectl().unwrap(),
+            &plane.admin_kubeconfig,
+            &real_ns,
+        ),
     );
 
     let fake = KubeFake::start().await.unwrap();
     let fake_client =
         kube::Client::try_from(kube::Config::new(fake.url().parse().unwrap())).unwrap();
-    let dir = gantry_e2e::temp_dir("diff");
+    let dir = gantry_testkit::temp_dir("diff");
     let fake_kubeconfig = dir.join("kubeconfig");
     std::fs::write(
         &fake_kubeconfig,
@@ -366,7 +370,7 @@ async fn kube_fake_answers_as_the_real_api_server_does() {
     let mut fake_all = scenarios(fake_client, "default", &|| fake.compact()).await;
     fake_all.insert(
         "kubectl create".into(),
-        kubectl_creates(&gantry_e2e::k8s::kubectl().unwrap(), &fake_kubeconfig, "default"),
+        kubectl_creates(&gantry_testkit::k8s::kubectl().unwrap(), &fake_kubeconfig, "default"),
     );
     fake.stop().await;
     let _ = std::fs::remove_dir_all(dir);

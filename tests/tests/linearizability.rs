@@ -3,7 +3,7 @@
 //! gateways, while a store process is killed and restarted in the middle;
 //! on PostgreSQL the clients are spread over two replicas. Each key's
 //! history, closed by a final read, is checked against a sequential model
-//! (`gantry_e2e::linearizability`), and the revisions of all writes must be
+//! (`gantry_testkit::linearizability`), and the revisions of all writes must be
 //! unique and in real-time order across keys. The same checks must reject
 //! the history once a stale read, a lost final write or a repeated
 //! revision is injected into it, so the test can fail.
@@ -19,10 +19,10 @@ use gantry_api::v1::{
     ObjectMeta, UpdateGatewayRequest,
 };
 use gantry_client::{ClientConfig, GatewayClient};
-use gantry_e2e::linearizability::{
+use gantry_testkit::linearizability::{
     linearize, revisions_unique_and_in_real_time_order, Answer, Call, GatewayModel, Operation,
 };
-use gantry_e2e::{temp_dir, StoreProcess, TempPostgres};
+use gantry_testkit::{temp_dir, StoreProcess, TempPostgres};
 use prost_types::FieldMask;
 use tonic::Code;
 

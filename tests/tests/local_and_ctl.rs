@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use gantry_e2e::{binary, free_port, temp_dir, wait_ready};
+use gantry_testkit::{binary, free_port, temp_dir, wait_ready};
 
 struct Local {
     child: Child,
@@ -258,7 +258,7 @@ fn watch_prints_changes_as_they_happen() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    gantry_e2e::kill_after(&watcher, Duration::from_secs(60));
+    gantry_testkit::kill_after(&watcher, Duration::from_secs(60));
     let mut lines = BufReader::new(watcher.stdout.take().unwrap()).lines();
     let header = lines.next().unwrap().unwrap();
     assert_eq!(
@@ -321,6 +321,6 @@ fn a_missing_kubeconfig_stops_gantry_local_at_once_with_the_reason() {
         "{stderr}"
     );
     // Nothing keeps listening after it exits.
-    assert!(gantry_e2e::http_get(http, "/healthz").is_none());
+    assert!(gantry_testkit::http_get(http, "/healthz").is_none());
     let _ = std::fs::remove_dir_all(dir);
 }

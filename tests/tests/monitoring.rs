@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::Command;
 
-use gantry_e2e::{http_get, in_ci, skipped, temp_dir, ReconcilerProcess, StoreProcess};
+use gantry_testkit::{http_get, in_ci, skipped, temp_dir, ReconcilerProcess, StoreProcess};
 
 fn monitoring() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/monitoring")

@@ -16,13 +16,13 @@ use gantry_api::v1::{
 use gantry_client::{ClientConfig, GatewayClient};
 use gantry_core::recovery::RecoveryPolicy;
 use gantry_core::retry::Backoff;
-use gantry_e2e::{temp_dir, StoreProcess};
 use gantry_kube_fake::{FaultAction, FaultRule, KubeFake, Options};
 use gantry_reconciler::controller::{Controller, Settings};
 use gantry_reconciler::metrics::Metrics;
 use gantry_reconciler::render::{RenderSettings, LABEL_GATEWAY};
 use gantry_reconciler::store::GrpcStore;
 use gantry_reconciler::targets::kube::KubeTarget;
+use gantry_testkit::{temp_dir, StoreProcess};
 use prost_types::FieldMask;
 
 const GATEWAYS: usize = 200;

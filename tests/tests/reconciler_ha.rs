@@ -13,7 +13,6 @@ use gantry_api::v1::{
     CreateGatewayRequest, Gateway, GatewaySpec, GetGatewayRequest, ObjectMeta, Phase,
 };
 use gantry_client::ClientConfig;
-use gantry_e2e::{temp_dir, StoreProcess};
 use gantry_kube_fake::{KubeFake, Options};
 use gantry_reconciler::controller::{Controller, Settings};
 use gantry_reconciler::leader::{self, ElectionSettings, Fence};
@@ -23,6 +22,7 @@ use gantry_reconciler::status::Observation;
 use gantry_reconciler::store::GrpcStore;
 use gantry_reconciler::targets::kube::KubeTarget;
 use gantry_reconciler::targets::{Owner, Target, TargetError};
+use gantry_testkit::{temp_dir, StoreProcess};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 

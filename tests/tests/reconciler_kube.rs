@@ -13,7 +13,6 @@ use gantry_api::v1::{
 use gantry_client::{ClientConfig, GatewayClient};
 use gantry_core::recovery::RecoveryPolicy;
 use gantry_core::retry::Backoff;
-use gantry_e2e::{temp_dir, StoreProcess};
 use gantry_kube_fake::{FaultAction, FaultRule, KubeFake, Options};
 use gantry_reconciler::controller::{Controller, Settings, FINALIZER, RETRY_ANNOTATION};
 use gantry_reconciler::metrics::Metrics;
@@ -21,6 +20,7 @@ use gantry_reconciler::render::RenderSettings;
 use gantry_reconciler::store::{GatewayStore, GrpcStore};
 use gantry_reconciler::targets::kube::{KubeSettings, KubeTarget};
 use gantry_reconciler::targets::Target;
+use gantry_testkit::{temp_dir, StoreProcess};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::Ingress;
@@ -199,7 +199,8 @@ impl Rig {
 
     /// Polls the store until `done` holds for the gateway.
     async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Gateway) -> bool) -> Gateway {
-        gantry_e2e::wait_for_gateway(&self.client, name, what, PATIENCE, done, String::new).await
+        gantry_testkit::wait_for_gateway(&self.client, name, what, PATIENCE, done, String::new)
+            .await
     }
 
     async fn wait_running(&self, name: &str) -> Gateway {

@@ -12,8 +12,8 @@ use gantry_api::v1::{
     GetGatewayRequest, ObjectMeta, Phase, Route, UpdateGatewayRequest,
 };
 use gantry_client::{ClientConfig, GatewayClient};
-use gantry_e2e::{http_get, temp_dir, ReconcilerProcess, StoreProcess, TempPostgres};
 use gantry_kube_fake::{KubeFake, Options};
+use gantry_testkit::{http_get, temp_dir, ReconcilerProcess, StoreProcess, TempPostgres};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, ListParams};
 use prost_types::FieldMask;

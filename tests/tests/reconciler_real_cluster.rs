@@ -17,8 +17,8 @@ use gantry_api::v1::{
     GetGatewayRequest, ObjectMeta, Phase, Route, UpdateGatewayRequest,
 };
 use gantry_client::{ClientConfig, GatewayClient};
-use gantry_e2e::k8s::{ControlPlane, NEVER_READY_IMAGE, RECONCILER_USER};
-use gantry_e2e::{temp_dir, ReconcilerProcess, StoreProcess};
+use gantry_testkit::k8s::{ControlPlane, NEVER_READY_IMAGE, RECONCILER_USER};
+use gantry_testkit::{temp_dir, ReconcilerProcess, StoreProcess};
 use prost_types::FieldMask;
 use serde_json::Value;
 
@@ -145,7 +145,7 @@ impl Rig {
     /// Polls the store until `done` holds for the gateway.
     async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Gateway) -> bool) -> Gateway {
         let logs = || self.reconcilers.iter().map(|r| r.logs()).collect::<Vec<_>>().join("\n");
-        gantry_e2e::wait_for_gateway(&self.client, name, what, PATIENCE, done, logs).await
+        gantry_testkit::wait_for_gateway(&self.client, name, what, PATIENCE, done, logs).await
     }
 
     async fn wait_running(&self, name: &str, generation: i64) -> Gateway {
@@ -310,7 +310,7 @@ async fn a_gateway_rolls_out_changes_and_is_deleted_with_everything_it_owns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_rolls_out_changes_and_is_deleted_on_postgres() {
-    let Some(postgres) = gantry_e2e::TempPostgres::create().await else { return };
+    let Some(postgres) = gantry_testkit::TempPostgres::create().await else { return };
     let Some(rig) = Rig::start_on("lifecycle-pg", &postgres.url, temp_dir("lifecycle-pg")) else {
         return;
     };
@@ -850,7 +850,7 @@ async fn a_gateway_named_like_the_control_plane_cannot_take_it_over() {
 
 /// Sum of the reconciler's passes (its `reconciles` counter).
 fn passes(rig: &Rig) -> u64 {
-    let metrics = gantry_e2e::http_get(rig.reconcilers[0].http, "/metrics").unwrap_or_default();
+    let metrics = gantry_testkit::http_get(rig.reconcilers[0].http, "/metrics").unwrap_or_default();
     metrics
         .lines()
         .filter(|l| l.starts_with("gantry_reconciler_reconciles_total{"))

@@ -8,7 +8,7 @@ use gantry_api::v1::{
     ListGatewaysRequest, ObjectMeta, UpdateGatewayRequest,
 };
 use gantry_client::ClientConfig;
-use gantry_e2e::{temp_dir, StoreProcess};
+use gantry_testkit::{temp_dir, StoreProcess};
 use prost::bytes::{Buf, BufMut};
 use prost::Message;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};

@@ -12,7 +12,7 @@ use std::time::Duration;
 use gantry_api::v1::{CreateGatewayRequest, Gateway, GatewaySpec, ObjectMeta};
 use gantry_client::watch::{list_then_watch, WatchOptions, WatchUpdate};
 use gantry_client::ClientConfig;
-use gantry_e2e::{temp_dir, StoreProcess, TempPostgres};
+use gantry_testkit::{temp_dir, StoreProcess, TempPostgres};
 use tokio_stream::StreamExt;
 use tonic::Code;
 
@@ -156,7 +156,7 @@ async fn kill_and_restart_loses_nothing(database_url: &str, label: &str) {
     assert!(missing.is_empty(), "acknowledged but lost: {missing:?}");
 
     // The history from the bootstrap revision is gap-free.
-    let revisions = gantry_e2e::replay_creations(&mut client, listed_revision).await;
+    let revisions = gantry_testkit::replay_creations(&mut client, listed_revision).await;
     assert_eq!(revisions, (2..=listed_revision).collect::<Vec<_>>(), "revisions are gap-free");
     assert_eq!(revisions.len(), stored.len());
 

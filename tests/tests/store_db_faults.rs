@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use gantry_api::v1::{CreateGatewayRequest, Gateway, GatewaySpec, ListGatewaysRequest, ObjectMeta};
 use gantry_client::{ClientConfig, GatewayClient};
-use gantry_e2e::{http_get, temp_dir, StoreProcess, TempPostgres};
+use gantry_testkit::{http_get, temp_dir, StoreProcess, TempPostgres};
 use tonic::Code;
 
 const TERMINATE: &str =
@@ -168,7 +168,7 @@ async fn postgres_faults_fail_writes_cleanly_and_the_store_recovers() {
     assert!(!stored.contains("during-outage"), "the refused probe write was stored");
 
     // The history is gap-free and matches the table.
-    let revisions = gantry_e2e::replay_creations(&mut client, listed_revision).await;
+    let revisions = gantry_testkit::replay_creations(&mut client, listed_revision).await;
     assert_eq!(revisions, (2..=listed_revision).collect::<Vec<_>>(), "revisions are gap-free");
     assert_eq!(revisions.len(), stored.len());
     let failed = outcomes.iter().filter(|(_, _, r)| r.is_err()).count();

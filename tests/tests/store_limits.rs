@@ -14,7 +14,7 @@ use gantry_api::v1::{
     WatchGatewaysRequest,
 };
 use gantry_client::ClientConfig;
-use gantry_e2e::{http_get, temp_dir, StoreProcess};
+use gantry_testkit::{http_get, temp_dir, StoreProcess};
 use tonic::Code;
 
 /// A store on a fresh SQLite file with extra flags: its directory, its
@@ -479,7 +479,7 @@ async fn watches_that_do_not_read_hold_bounded_memory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watches_that_do_not_read_hold_bounded_memory_on_postgres() {
-    let Some(db) = gantry_e2e::TempPostgres::create().await else { return };
+    let Some(db) = gantry_testkit::TempPostgres::create().await else { return };
     let dir = temp_dir("watch-memory-pg");
     let store = StoreProcess::start_with(&db.url, &dir, &[]);
     let config = ClientConfig { endpoint: store.endpoint(), ..Default::default() };

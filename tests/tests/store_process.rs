@@ -6,7 +6,7 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use gantry_e2e::{binary, free_port, temp_dir, wait_for_http};
+use gantry_testkit::{binary, free_port, temp_dir, wait_for_http};
 
 #[test]
 fn refuses_to_start_without_tokens_and_says_what_to_do() {
@@ -95,7 +95,7 @@ async fn refusals_are_logged_with_the_peer_and_subject_and_rate_limited() {
     let tokens = dir.join("tokens.csv");
     std::fs::write(&tokens, "viewer-token-0000000001,alice,viewer\n").unwrap();
     let database = format!("sqlite://{}", dir.join("gantry.db").display());
-    let store = gantry_e2e::StoreProcess::start_with(
+    let store = gantry_testkit::StoreProcess::start_with(
         &database,
         &dir,
         &["--tokens-file", tokens.to_str().unwrap(), "--log-format", "json"],

@@ -10,7 +10,7 @@ use gantry_api::v1::{
     WatchGatewaysRequest,
 };
 use gantry_client::ClientConfig;
-use gantry_e2e::{temp_dir, StoreProcess, TempPostgres};
+use gantry_testkit::{temp_dir, StoreProcess, TempPostgres};
 use tokio_stream::StreamExt;
 
 fn gateway(name: &str) -> Gateway {

@@ -11,7 +11,7 @@ use gantry_api::v1::{
     CreateGatewayRequest, Gateway, GatewaySpec, ObjectMeta, Phase, WatchGatewaysRequest,
 };
 use gantry_client::ClientConfig;
-use gantry_e2e::{http_get, temp_dir, ReconcilerProcess, StoreProcess};
+use gantry_testkit::{http_get, temp_dir, ReconcilerProcess, StoreProcess};
 use tokio_stream::StreamExt;
 
 const ADMIN: &str = "admin-token-000000000001";
@@ -192,7 +192,7 @@ async fn a_reconciler_with_a_revoked_token_is_not_ready_and_resumes_with_a_new_o
     );
     replace(&reconciler_file, NEW);
     wait_http(reconciler.http, "ready again with the new token", |a| a.starts_with("HTTP/1.1 200"));
-    gantry_e2e::wait_for_gateway(
+    gantry_testkit::wait_for_gateway(
         &client,
         "edge",
         "WRITTEN (directory target)",

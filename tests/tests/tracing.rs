@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gantry_e2e::{binary, temp_dir, ReconcilerProcess, StoreProcess};
+use gantry_testkit::{binary, temp_dir, ReconcilerProcess, StoreProcess};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };

@@ -511,7 +511,7 @@ pub enum ClusterKind {
 enum Cluster {
     Fake(gantry_kube_fake::KubeFake, tempfile_path::TempPath),
     Real {
-        plane: Box<gantry_e2e::k8s::ControlPlane>,
+        plane: Box<gantry_testkit::k8s::ControlPlane>,
         namespace: String,
         /// Audit events already counted.
         counted: usize,
@@ -560,12 +560,12 @@ impl Pair {
                 Cluster::Fake(kube, tempfile_path::TempPath(path))
             }
             ClusterKind::Real => {
-                let bin = gantry_e2e::k8s::bin_dir().ok_or_else(|| {
+                let bin = gantry_testkit::k8s::bin_dir().ok_or_else(|| {
                     anyhow::anyhow!("no Kubernetes binaries: run tests/k8s/setup.sh k8s")
                 })?;
                 eprintln!("starting a control plane from {}", bin.display());
                 let plane = tokio::task::spawn_blocking(move || {
-                    let plane = gantry_e2e::k8s::ControlPlane::start(&bin);
+                    let plane = gantry_testkit::k8s::ControlPlane::start(&bin);
                     let namespace = plane.namespace("bench");
                     (plane, namespace)
                 })
@@ -606,7 +606,7 @@ impl Pair {
                 let events = plane.audit_events();
                 let ours: Vec<&Value> = events[(*counted).min(events.len())..]
                     .iter()
-                    .filter(|e| e["user"]["username"] == gantry_e2e::k8s::RECONCILER_USER)
+                    .filter(|e| e["user"]["username"] == gantry_testkit::k8s::RECONCILER_USER)
                     .collect();
                 *counted = events.len();
                 let writes = ours

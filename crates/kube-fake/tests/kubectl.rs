@@ -48,7 +48,7 @@ spec:
 
 /// The kubectl of the pinned Kubernetes release (tests/k8s/setup.sh).
 fn kubectl_path() -> Option<PathBuf> {
-    gantry_e2e::k8s::kubectl()
+    gantry_testkit::k8s::kubectl()
 }
 
 struct Server(Child);

@@ -41,7 +41,7 @@ pub fn postgres_admin_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
 }
 
-/// The rule of `gantry_e2e::in_ci`: `CI` set to anything but empty,
+/// The rule of `gantry_testkit::in_ci`: `CI` set to anything but empty,
 /// `false` or `0`.
 fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")

@@ -1,5 +1,9 @@
-//! Helpers for end-to-end tests: locate (building if needed) the
-//! workspace's binaries, pick free ports, and poll HTTP endpoints.
+//! gantry's testkit, shared by every crate's tests and the benchmarks:
+//! locate (building if needed) the workspace's binaries and run them as
+//! processes ([`StoreProcess`], [`ReconcilerProcess`]), temporary
+//! PostgreSQL databases ([`TempPostgres`]), a real Kubernetes control plane
+//! ([`k8s`]), a [`Gateway`](gateway::GatewayBuilder) builder, bounded waits
+//! on a condition ([`eventually`]), free ports and HTTP probes.
 
 #![forbid(unsafe_code)]
 
@@ -10,8 +14,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+/// The workspace's root directory.
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// Whether this is a CI run, where a missing PostgreSQL or missing
@@ -459,8 +464,12 @@ impl TempPostgres {
         }
     }
 }
+pub mod gateway;
 pub mod k8s;
 pub mod linearizability;
+pub mod wait;
+
+pub use wait::{eventually, eventually_some};
 
 /// Replays the history from the first revision up to `until` and returns
 /// its revisions, checking that each event is a creation (the crash and

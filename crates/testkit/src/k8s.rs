@@ -37,7 +37,7 @@ const BINARIES: [&str; 6] =
     ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kubectl"];
 
 fn k8s_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("k8s")
+    crate::workspace_root().join("tests/k8s")
 }
 
 /// The directory with the control plane's binaries: `GANTRY_K8S_BIN`, or
@@ -523,7 +523,7 @@ impl ControlPlane {
 
 /// deploy/ rendered by `kubectl kustomize`: `base` or an overlay's name.
 pub fn kustomize(kubectl: &Path, what: &str) -> Vec<Value> {
-    let deploy = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let deploy = crate::workspace_root().join("deploy");
     let dir = if what == "base" { deploy.join("base") } else { deploy.join("overlays").join(what) };
     let out = Command::new(kubectl).arg("kustomize").arg(&dir).output().expect("run kubectl");
     assert!(out.status.success(), "kustomize {what}: {}", String::from_utf8_lossy(&out.stderr));
