@@ -15,6 +15,7 @@ use gantry_api::v1::{
     UpdateGatewayRequest, WatchGatewaysRequest,
 };
 use gantry_client::GatewayClient;
+use gantry_testkit::eventually;
 use gantry_testkit::{in_ci, skipped, temp_dir, StoreProcess, TempPostgres};
 use tokio_stream::StreamExt;
 
@@ -114,9 +115,8 @@ async fn before_during_and_after_the_backup(c: &GatewayClient, backup: impl FnOn
         })
     };
     // The backup starts with the writer under way.
-    while acked.lock().unwrap().len() < 5 {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
+    let within = std::time::Duration::from_secs(60);
+    eventually(within, "the writer under way", || async { acked.lock().unwrap().len() >= 5 }).await;
     tokio::task::block_in_place(backup);
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     writer.await.unwrap();

@@ -19,6 +19,7 @@ use gantry_api::v1::{
     ObjectMeta, UpdateGatewayRequest,
 };
 use gantry_client::{ClientConfig, GatewayClient};
+use gantry_testkit::eventually;
 use gantry_testkit::linearizability::{
     linearize, revisions_unique_and_in_real_time_order, Answer, Call, GatewayModel, Operation,
 };
@@ -152,9 +153,10 @@ async fn record_history(endpoints: Vec<String>, restart: &mut StoreProcess) -> H
         }));
     }
     let half = CLIENTS * OPS_PER_CLIENT / 2;
-    while done.load(Ordering::Relaxed) < half {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually(Duration::from_secs(120), "half the operations done", || async {
+        done.load(Ordering::Relaxed) >= half
+    })
+    .await;
     tokio::task::block_in_place(|| {
         restart.kill9();
         restart.spawn();

@@ -22,6 +22,7 @@ use gantry_reconciler::status::Observation;
 use gantry_reconciler::store::GrpcStore;
 use gantry_reconciler::targets::kube::KubeTarget;
 use gantry_reconciler::targets::{Owner, Target, TargetError};
+use gantry_testkit::eventually;
 use gantry_testkit::{temp_dir, StoreProcess};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
@@ -102,21 +103,13 @@ fn start_replica(identity: &str, store: &StoreProcess, kube_client: &kube::Clien
 }
 
 async fn wait_running(client: &gantry_client::GatewayClient, name: &str) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let g = client
-            .clone()
-            .get_gateway(GetGatewayRequest { name: name.into() })
-            .await
-            .unwrap()
-            .into_inner();
+    eventually(PATIENCE, &format!("{name} converged"), || async {
+        let request = GetGatewayRequest { name: name.into() };
+        let g = client.clone().get_gateway(request).await.unwrap().into_inner();
         let s = g.status.unwrap_or_default();
-        if s.phase() == Phase::Running && s.observed_generation == g.metadata.unwrap().generation {
-            return;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{name} never converged");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        s.phase() == Phase::Running && s.observed_generation == g.metadata.unwrap().generation
+    })
+    .await;
 }
 
 async fn holder(kube_client: &kube::Client) -> String {
@@ -141,11 +134,10 @@ async fn only_the_leader_reconciles_and_a_follower_takes_over() {
     let kube_client =
         kube::Client::try_from(kube::Config::new(kube.url().parse().unwrap())).unwrap();
     let a = start_replica("replica-a", &store, &kube_client);
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while holder(&kube_client).await != "replica-a" {
-        assert!(tokio::time::Instant::now() < deadline, "replica-a never led");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(PATIENCE, "replica-a never led", || async {
+        holder(&kube_client).await == "replica-a"
+    })
+    .await;
     let b = start_replica("replica-b", &store, &kube_client);
 
     let client =

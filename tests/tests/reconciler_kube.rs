@@ -20,6 +20,7 @@ use gantry_reconciler::render::RenderSettings;
 use gantry_reconciler::store::{GatewayStore, GrpcStore};
 use gantry_reconciler::targets::kube::{KubeSettings, KubeTarget};
 use gantry_reconciler::targets::Target;
+use gantry_testkit::eventually;
 use gantry_testkit::{temp_dir, StoreProcess};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -289,11 +290,10 @@ async fn a_gateway_converges_changes_and_is_deleted() {
     };
     labels.metadata.as_mut().unwrap().labels.insert("team".into(), "edge".into());
     rig.update(labels, &["metadata.labels"]).await;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while rig.reconciles() <= before {
-        assert!(tokio::time::Instant::now() < deadline, "the label change was never looked at");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(PATIENCE, "the label change was never looked at", || async {
+        rig.reconciles() > before
+    })
+    .await;
     let writes: Vec<_> = rig.kube.requests().into_iter().filter(|r| r.is_write()).collect();
     assert!(writes.is_empty(), "a labels-only change wrote to the cluster: {writes:?}");
     assert_eq!(meta(&rig.get("edge").await.unwrap()).generation, 2);
@@ -329,11 +329,10 @@ async fn a_gateway_converges_changes_and_is_deleted() {
         })
         .await
         .unwrap();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while rig.get("edge").await.is_ok() {
-        assert!(tokio::time::Instant::now() < deadline, "the gateway was never removed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(PATIENCE, "the gateway was never removed", || async {
+        rig.get("edge").await.is_err()
+    })
+    .await;
     assert_eq!(rig.get("edge").await.unwrap_err().code(), Code::NotFound);
     assert!(rig.deployments().get_opt("edge").await.unwrap().is_none());
     assert!(cm.get_opt("edge").await.unwrap().is_none());
@@ -421,37 +420,21 @@ async fn out_of_band_changes_to_owned_objects_are_repaired() {
     deployments.patch("drift", &PatchParams::apply("someone-else").force(), &Patch::Apply(serde_json::json!({
         "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "drift"}, "spec": edit["spec"],
     }))).await.unwrap();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    let image = || async {
         let d = deployments.get("drift").await.unwrap();
-        let image = d
-            .spec
-            .unwrap()
-            .template
-            .spec
-            .unwrap()
-            .containers
-            .into_iter()
-            .find(|c| c.name == "gateway")
-            .unwrap()
-            .image
-            .unwrap();
-        if image == "ghcr.io/acme/gw:1" {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the edited Deployment was never repaired");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        let containers = d.spec.unwrap().template.spec.unwrap().containers;
+        containers.into_iter().find(|c| c.name == "gateway").unwrap().image.unwrap()
+    };
+    eventually(PATIENCE, "the edited Deployment was never repaired", || async {
+        image().await == "ghcr.io/acme/gw:1"
+    })
+    .await;
 
     deployments.delete("drift", &DeleteParams::default()).await.unwrap();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while deployments.get_opt("drift").await.unwrap().is_none() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the deleted Deployment was never re-created"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(PATIENCE, "the deleted Deployment was never re-created", || async {
+        deployments.get_opt("drift").await.unwrap().is_some()
+    })
+    .await;
     rig.wait_running("drift").await;
 
     // Any owned kind deleted out of band comes back.
@@ -460,16 +443,11 @@ async fn out_of_band_changes_to_owned_objects_are_repaired() {
         Api::namespaced(rig.kube_client.clone(), "default");
     configmaps.delete("drift", &DeleteParams::default()).await.unwrap();
     services.delete("drift", &DeleteParams::default()).await.unwrap();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while configmaps.get_opt("drift").await.unwrap().is_none()
-        || services.get_opt("drift").await.unwrap().is_none()
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the deleted ConfigMap and Service were never re-created"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(PATIENCE, "the deleted ConfigMap and Service were never re-created", || async {
+        configmaps.get_opt("drift").await.unwrap().is_some()
+            && services.get_opt("drift").await.unwrap().is_some()
+    })
+    .await;
     rig.wait_running("drift").await;
 
     // An owned object of a kind the gateway no longer renders (a prune
@@ -486,11 +464,10 @@ async fn out_of_band_changes_to_owned_objects_are_repaired() {
     }))
     .unwrap();
     ingresses.create(&Default::default(), &leftover).await.unwrap();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while ingresses.get_opt("drift").await.unwrap().is_some() {
-        assert!(tokio::time::Instant::now() < deadline, "the leftover Ingress was never pruned");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(PATIENCE, "the leftover Ingress was never pruned", || async {
+        ingresses.get_opt("drift").await.unwrap().is_none()
+    })
+    .await;
     rig.wait_running("drift").await;
     rig.stop().await;
 }
@@ -547,11 +524,10 @@ async fn checking_a_converged_gateway_sends_no_request_to_the_cluster() {
     let mut labelled = rig.get("quiet").await.unwrap();
     labelled.metadata.as_mut().unwrap().labels.insert("team".into(), "edge".into());
     rig.update(labelled, &["metadata.labels"]).await;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while rig.reconciles() <= passes {
-        assert!(tokio::time::Instant::now() < deadline, "the label change was never checked");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(PATIENCE, "the label change was never checked", || async {
+        rig.reconciles() > passes
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let requests: Vec<String> = rig
         .kube
@@ -589,22 +565,13 @@ async fn a_restart_leaves_converged_gateways_untouched_while_its_watches_list() 
         })
     })
     .await;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        match rig.reconciler.controller.readiness() {
-            Err(reason) if reason.contains("Deployment") => break,
-            other => assert!(
-                tokio::time::Instant::now() < deadline,
-                "never reported the Deployment watch as not listed: {other:?}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(PATIENCE, "the Deployment watch reported as not listed", || async {
+        matches!(rig.reconciler.controller.readiness(), Err(reason) if reason.contains("Deployment"))
+    })
+    .await;
     assert_eq!(rig.reconciles(), 0, "a pass ran before the watches listed");
-    while rig.reconciles() == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "no pass after the watches listed");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(PATIENCE, "a pass after the watches listed", || async { rig.reconciles() > 0 })
+        .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let after = rig.get("steady").await.unwrap();
     assert_eq!(
@@ -638,13 +605,12 @@ async fn objects_lost_behind_the_watches_back_are_restored_within_one_sync_perio
     rig.kube.lose_objects("default");
     let lost_at = tokio::time::Instant::now();
     for name in names {
-        while rig.deployments().get_opt(name).await.unwrap().is_none() {
-            assert!(
-                lost_at.elapsed() < relist + Duration::from_secs(1),
-                "{name}: the lost Deployment was not restored within a sync period"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let within = (relist + Duration::from_secs(1)).saturating_sub(lost_at.elapsed());
+        let what = format!("{name}: the lost Deployment restored within a sync period");
+        eventually(within, &what, || async {
+            rig.deployments().get_opt(name).await.unwrap().is_some()
+        })
+        .await;
     }
     for name in names {
         rig.wait_running(name).await;

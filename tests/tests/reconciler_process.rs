@@ -13,6 +13,7 @@ use gantry_api::v1::{
 };
 use gantry_client::{ClientConfig, GatewayClient};
 use gantry_kube_fake::{KubeFake, Options};
+use gantry_testkit::{eventually, eventually_blocking, eventually_some};
 use gantry_testkit::{http_get, temp_dir, ReconcilerProcess, StoreProcess, TempPostgres};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, ListParams};
@@ -64,20 +65,14 @@ async fn set_spec(client: &GatewayClient, name: &str, spec: GatewaySpec) {
 /// the directory target) at its generation (retrying through store
 /// restarts).
 async fn wait_settled(client: &GatewayClient, name: &str, phase: Phase) -> Gateway {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        if let Ok(g) = client.clone().get_gateway(GetGatewayRequest { name: name.into() }).await {
-            let g = g.into_inner();
-            let s = g.status.clone().unwrap_or_default();
-            if s.phase() == phase
-                && s.observed_generation == g.metadata.as_ref().unwrap().generation
-            {
-                return g;
-            }
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{name} never converged");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    eventually_some(PATIENCE, &format!("{name} converged"), || async {
+        let g = client.clone().get_gateway(GetGatewayRequest { name: name.into() }).await.ok()?;
+        let g = g.into_inner();
+        let s = g.status.clone().unwrap_or_default();
+        (s.phase() == phase && s.observed_generation == g.metadata.as_ref()?.generation)
+            .then_some(g)
+    })
+    .await
 }
 
 fn files(dir: &Path) -> Vec<String> {
@@ -181,11 +176,10 @@ async fn the_directory_target_writes_whole_files_and_cleans_up() {
         })
         .await
         .unwrap();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while c.clone().get_gateway(GetGatewayRequest { name: "edge".into() }).await.is_ok() {
-        assert!(tokio::time::Instant::now() < deadline, "the gateway was never removed");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    eventually(PATIENCE, "the gateway was never removed", || async {
+        c.clone().get_gateway(GetGatewayRequest { name: "edge".into() }).await.is_err()
+    })
+    .await;
     assert!(!gateway_dir.exists(), "the gateway's directory was removed");
     drop(store);
     let _ = std::fs::remove_dir_all(dir);
@@ -241,11 +235,10 @@ async fn kills_and_restarts(database: String, dir: PathBuf) {
         create(&c, &format!("gw-{i}"), spec("ghcr.io/acme/gw:1")).await;
     }
     // Kill the reconciler while it is applying, and start it again.
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !kube.requests().iter().any(|r| r.verb == "apply" && r.resource == "apps/deployments") {
-        assert!(tokio::time::Instant::now() < deadline, "nothing was applied");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually(PATIENCE, "nothing was applied", || async {
+        kube.requests().iter().any(|r| r.verb == "apply" && r.resource == "apps/deployments")
+    })
+    .await;
     reconciler.kill9();
     reconciler.spawn();
     for i in 0..10 {
@@ -329,15 +322,6 @@ async fn behind_compaction(database: String, dir: PathBuf) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Polls until `check` holds, for at most [`PATIENCE`].
-fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + PATIENCE;
-    while !check() {
-        assert!(std::time::Instant::now() < deadline, "never: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn while_the_store_is_unreachable_the_reconciler_says_so_and_is_not_ready() {
     let dir = temp_dir("reconciler-no-store");
@@ -350,11 +334,11 @@ fn while_the_store_is_unreachable_the_reconciler_says_so_and_is_not_ready() {
         &["--target", "directory", "--directory", directory.to_str().unwrap()],
     );
     let readyz = || http_get(reconciler.http, "/readyz").unwrap_or_default();
-    eventually("readyz says the store's watch is down", || {
+    eventually_blocking(PATIENCE, "readyz says the store's watch is down", || {
         let answer = readyz();
         answer.starts_with("HTTP/1.1 503") && answer.contains("the watch of gateway-store is down")
     });
-    eventually("the reconciler logs that it cannot watch the store", || {
+    eventually_blocking(PATIENCE, "the reconciler logs that it cannot watch the store", || {
         reconciler.logs().contains("cannot watch gateway-store; retrying")
     });
     assert!(readyz().contains("Unavailable"), "the reason: {}", readyz());
@@ -363,7 +347,9 @@ fn while_the_store_is_unreachable_the_reconciler_says_so_and_is_not_ready() {
     assert!(metrics().contains("gantry_reconciler_leader 1"), "no election: it leads");
 
     store.spawn();
-    eventually("ready once the store is back", || readyz().starts_with("HTTP/1.1 200"));
+    eventually_blocking(PATIENCE, "ready once the store is back", || {
+        readyz().starts_with("HTTP/1.1 200")
+    });
     assert!(reconciler.logs().contains("the watch of gateway-store is back"));
     assert!(metrics().contains("gantry_reconciler_store_watch_up 1"), "{}", metrics());
     // The store logs in its human format to a file: no colour codes there.

@@ -18,6 +18,7 @@ use gantry_api::v1::{
 };
 use gantry_client::{ClientConfig, GatewayClient};
 use gantry_testkit::k8s::{ControlPlane, NEVER_READY_IMAGE, RECONCILER_USER};
+use gantry_testkit::{eventually, eventually_blocking};
 use gantry_testkit::{temp_dir, ReconcilerProcess, StoreProcess};
 use prost_types::FieldMask;
 use serde_json::Value;
@@ -157,11 +158,10 @@ impl Rig {
     }
 
     async fn wait_gone(&self, name: &str) {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        while self.get(name).await.is_ok() {
-            assert!(tokio::time::Instant::now() < deadline, "{name} was never deleted");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        eventually(PATIENCE, &format!("{name} was never deleted"), || async {
+            self.get(name).await.is_err()
+        })
+        .await;
     }
 
     async fn delete(&self, name: &str) {
@@ -178,15 +178,13 @@ impl Rig {
 
     /// Waits until `kubectl get kinds` lists nothing gantry could own.
     fn wait_empty(&self, kinds: &str) {
-        let deadline = std::time::Instant::now() + PATIENCE;
-        loop {
+        eventually_blocking(PATIENCE, &format!("no {kinds} left behind"), || {
             let left = self.objects(kinds);
-            if left.is_empty() {
-                return;
+            if !left.is_empty() {
+                eprintln!("left behind: {left:?}");
             }
-            assert!(std::time::Instant::now() < deadline, "left behind: {left:?}");
-            std::thread::sleep(Duration::from_millis(200));
-        }
+            left.is_empty()
+        });
     }
 
     /// Two reconciler processes, `replica-a` and `replica-b`, electing a
@@ -220,11 +218,9 @@ impl Rig {
     /// Plays the ingress controller: publishes `hostname` on the Ingress
     /// once the reconciler has created it.
     fn admit(&self, ingress: &str, hostname: &str) {
-        let deadline = std::time::Instant::now() + PATIENCE;
-        while !self.kubectl(&["get", "ingress", "-o", "name"]).contains(ingress) {
-            assert!(std::time::Instant::now() < deadline, "Ingress {ingress} never appeared");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        eventually_blocking(PATIENCE, &format!("Ingress {ingress} never appeared"), || {
+            self.kubectl(&["get", "ingress", "-o", "name"]).contains(ingress)
+        });
         let status = format!(
             r#"{{"status":{{"loadBalancer":{{"ingress":[{{"hostname":"{hostname}"}}]}}}}}}"#
         );
@@ -506,11 +502,7 @@ async fn two_reconcilers_elect_one_leader_on_a_real_lease_and_the_other_takes_ov
     let Some(mut rig) = Rig::start("leader") else { return };
     rig.replicas("4s");
     let holder = |rig: &Rig| rig.lease_holder().unwrap_or_default();
-    let deadline = std::time::Instant::now() + PATIENCE;
-    while holder(&rig).is_empty() {
-        assert!(std::time::Instant::now() < deadline, "no leader was elected");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    eventually_blocking(PATIENCE, "no leader was elected", || !holder(&rig).is_empty());
     let first = holder(&rig);
     assert!(first == "replica-a" || first == "replica-b", "{first}");
     rig.create("one", GatewaySpec { image: image("1"), ..Default::default() }).await;
@@ -589,15 +581,11 @@ async fn the_role_grants_exactly_what_the_reconciler_calls_on_the_real_audit_log
     rig.delete("edge").await;
     rig.wait_gone("edge").await;
     // Lease renewals (update) happen every few seconds.
-    let deadline = std::time::Instant::now() + PATIENCE;
-    while !rig
-        .reconciler_requests()
-        .iter()
-        .any(|e| e["verb"] == "update" && e["objectRef"]["resource"] == "leases")
-    {
-        assert!(std::time::Instant::now() < deadline, "the Lease was never renewed");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    eventually_blocking(PATIENCE, "the Lease was never renewed", || {
+        rig.reconciler_requests()
+            .iter()
+            .any(|e| e["verb"] == "update" && e["objectRef"]["resource"] == "leases")
+    });
 
     let events = rig.reconciler_requests();
     let refused: Vec<_> = events.iter().filter(|e| e["responseStatus"]["code"] == 403).collect();
@@ -632,27 +620,17 @@ async fn edits_by_others_are_repaired_and_metadata_only_changes_are_not_drift() 
 
     // Someone else changes the image: repaired.
     rig.kubectl(&["set", "image", "deployment/edge", "gateway=evil:1"]);
-    let deadline = std::time::Instant::now() + PATIENCE;
-    loop {
+    eventually_blocking(PATIENCE, "the edited image repaired", || {
         let live = rig.json(&["get", "deployment", "edge"]);
-        if live["spec"]["template"]["spec"]["containers"][0]["image"] == image("1").as_str() {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "the edited image was never repaired");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        live["spec"]["template"]["spec"]["containers"][0]["image"] == image("1").as_str()
+    });
     assert!(repairs(&rig) >= 1);
 
     // Someone deletes the Deployment: re-created, and it rolls out again.
     rig.kubectl(&["delete", "deployment", "edge", "--wait=true"]);
-    let deadline = std::time::Instant::now() + PATIENCE;
-    while !rig.objects("deployments").contains("deployment.apps/edge") {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the deleted Deployment was never re-created"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    eventually_blocking(PATIENCE, "the deleted Deployment was never re-created", || {
+        rig.objects("deployments").contains("deployment.apps/edge")
+    });
     rig.wait_running("edge", 1).await;
     assert_eq!(rig.json(&["get", "deployment", "edge"])["status"]["availableReplicas"], 1);
 }
@@ -693,21 +671,15 @@ async fn a_deployment_whose_selector_differs_is_recreated_not_retried_forever() 
     let old_uid = rig.json(&["get", "deployment", "edge"])["metadata"]["uid"].clone();
 
     rig.reconcilers[0].spawn();
-    let deadline = std::time::Instant::now() + PATIENCE;
-    loop {
+    eventually_blocking(PATIENCE, "the Deployment recreated with gantry's selector", || {
         // Between its deletion and the new apply there is no Deployment.
         let text = rig.kubectl(&["get", "deployment", "edge", "-o", "json", "--ignore-not-found"]);
         let live: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-        if live["metadata"]["uid"] != old_uid
+        live["metadata"]["uid"] != old_uid
             && !live.is_null()
             && live["spec"]["selector"]["matchLabels"]
                 == serde_json::json!({"gantry.dev/gateway": "edge"})
-        {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "the Deployment was never recreated: {live}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    });
     rig.wait_running("edge", 1).await;
     assert_eq!(ready_pod_images(&rig), [image("1")]);
     assert!(rig.reconcilers[0].logs().contains("recreating the object"));
@@ -861,11 +833,7 @@ fn passes(rig: &Rig) -> u64 {
 /// Waits for `n` more passes (resyncs when nothing else happens).
 fn wait_passes(rig: &Rig, n: u64) {
     let start = passes(rig);
-    let deadline = std::time::Instant::now() + PATIENCE;
-    while passes(rig) < start + n {
-        assert!(std::time::Instant::now() < deadline, "no resync happened");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    eventually_blocking(PATIENCE, "no resync happened", || passes(rig) >= start + n);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -944,18 +912,10 @@ async fn every_owned_kind_is_repaired_an_idle_fleet_costs_no_writes_and_scaling_
     ];
     for (kind, patch_type, patch, repaired) in edits {
         rig.kubectl(&["patch", kind, "edge", "--type", patch_type, "-p", patch]);
-        let changed_at = std::time::Instant::now();
-        loop {
-            let live = rig.json(&["get", kind, "edge"]);
-            if repaired(&live) {
-                break;
-            }
-            assert!(
-                changed_at.elapsed() < Duration::from_secs(15),
-                "{kind}: the edit was not repaired within seconds: {live}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let what = format!("{kind}: the edit repaired within seconds, not at a resync");
+        eventually_blocking(Duration::from_secs(15), &what, || {
+            repaired(&rig.json(&["get", kind, "edge"]))
+        });
     }
     rig.wait_running("edge", 1).await;
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 use gantry_api::v1::{CreateGatewayRequest, Gateway, GatewaySpec, ObjectMeta};
 use gantry_client::watch::{list_then_watch, WatchOptions, WatchUpdate};
 use gantry_client::ClientConfig;
+use gantry_testkit::eventually;
 use gantry_testkit::{temp_dir, StoreProcess, TempPostgres};
 use tokio_stream::StreamExt;
 use tonic::Code;
@@ -118,9 +119,10 @@ async fn kill_and_restart_loses_nothing(database_url: &str, label: &str) {
     let mut rng = fastrand::Rng::new();
     for kill in 0..KILLS {
         let at = (kill + 1) * TARGET_ACKS / (KILLS + 1) + rng.usize(0..20);
-        while acked.lock().unwrap().len() < at {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        eventually(Duration::from_secs(120), "the writers acknowledged", || async {
+            acked.lock().unwrap().len() >= at
+        })
+        .await;
         // A random moment within the next batch or two of commits.
         tokio::time::sleep(Duration::from_micros(rng.u64(0..15_000))).await;
         store.kill9();
@@ -161,11 +163,10 @@ async fn kill_and_restart_loses_nothing(database_url: &str, label: &str) {
     assert_eq!(revisions.len(), stored.len());
 
     // The subscriber resumed across every restart and holds everything.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while cache.lock().unwrap().len() < stored.len() {
-        assert!(tokio::time::Instant::now() < deadline, "the subscriber did not catch up");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(Duration::from_secs(60), "the subscriber did not catch up", || async {
+        cache.lock().unwrap().len() >= stored.len()
+    })
+    .await;
     assert_eq!(*cache.lock().unwrap(), stored);
     let broken = broken.lock().unwrap().clone();
     assert!(broken.is_empty(), "the resumed stream was not exactly once, in order: {broken:?}");

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use gantry_api::v1::{CreateGatewayRequest, Gateway, GatewaySpec, ListGatewaysRequest, ObjectMeta};
 use gantry_client::{ClientConfig, GatewayClient};
+use gantry_testkit::eventually;
 use gantry_testkit::{http_get, temp_dir, StoreProcess, TempPostgres};
 use tonic::Code;
 
@@ -29,11 +30,7 @@ fn ready(store: &StoreProcess) -> bool {
 }
 
 async fn wait(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + limit;
-    while !done() {
-        assert!(tokio::time::Instant::now() < deadline, "{what} within {limit:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(limit, &format!("{what} within {limit:?}"), || std::future::ready(done())).await;
 }
 
 /// Outcome of every create attempt: (name, phase when it started, Ok or

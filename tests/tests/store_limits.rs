@@ -14,6 +14,7 @@ use gantry_api::v1::{
     WatchGatewaysRequest,
 };
 use gantry_client::ClientConfig;
+use gantry_testkit::eventually;
 use gantry_testkit::{http_get, temp_dir, StoreProcess};
 use tonic::Code;
 
@@ -60,8 +61,10 @@ fn histogram(store: &StoreProcess, name: &str) -> (Vec<(f64, f64)>, f64) {
 /// RESOURCE_EXHAUSTED at once (measured by the store itself, from a call's
 /// arrival: 99% of refusals within a millisecond; more of the flood shed
 /// than served) and
-/// a well-behaved client on its own connection keeps getting answers
-/// (p99 under 2 s with two cores shared with the flood).
+/// a well-behaved client on its own connection keeps getting answers, in
+/// its turn: while it makes 50 calls the flood is served at most three
+/// rounds of its admitted calls per call (counts, not times: the machine
+/// may be loaded; without the limit every queued flood call went first).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_is_shed_and_a_well_behaved_client_still_gets_answers() {
     let (dir, _, store, config) = sqlite_store("limits", &["--max-calls-per-connection", "4"]);
@@ -103,11 +106,15 @@ async fn a_flood_is_shed_and_a_well_behaved_client_still_gets_answers() {
                 }));
             }
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        eventually(Duration::from_secs(30), "the flood under way", || async {
+            shed.load(Ordering::Relaxed) + served.load(Ordering::Relaxed) > 100
+        })
+        .await;
 
         // The well-behaved client: one call at a time on its own connection.
         let mut polite = gantry_client::connect(&config).await.unwrap();
         let mut polite_times = Vec::new();
+        let served_before = served.load(Ordering::Relaxed);
         for i in 0..50 {
             let request = GetGatewayRequest { name: format!("g{:03}", i * 3) };
             let started = std::time::Instant::now();
@@ -118,6 +125,7 @@ async fn a_flood_is_shed_and_a_well_behaved_client_still_gets_answers() {
                 .unwrap_or_else(|s| panic!("{label}: the well-behaved client was refused: {s:?}"));
             polite_times.push(started.elapsed());
         }
+        let served_meanwhile = served.load(Ordering::Relaxed) - served_before;
         stop.store(true, Ordering::Relaxed);
         for f in flood {
             f.await.unwrap();
@@ -131,9 +139,11 @@ async fn a_flood_is_shed_and_a_well_behaved_client_still_gets_answers() {
         );
         polite_times.sort();
         let polite_p99 = polite_times[48];
+        // Its turn: a round is every admitted flood call (4 a connection).
+        let round = connections * 4;
         assert!(
-            polite_p99 < Duration::from_secs(2),
-            "{label}: the well-behaved client waited {polite_p99:?} at p99"
+            served_meanwhile <= 3 * round * 50,
+            "{label}: the flood was served {served_meanwhile} calls while the well-behaved client made 50 (over three rounds of {round} a call); p99 {polite_p99:?}"
         );
         // Refused at once: the store's own measure, from arrival to answer.
         let (buckets, count) = histogram(&store, "gantry_store_grpc_shed_duration_seconds");
@@ -153,7 +163,7 @@ async fn a_flood_is_shed_and_a_well_behaved_client_still_gets_answers() {
         let ready = http_get(store.http, "/readyz").unwrap_or_default();
         assert!(ready.starts_with("HTTP/1.1 200"), "{label}: not ready after the flood: {ready}");
         eprintln!(
-            "flood, {label}: {served} calls served, {shed} shed (p99 of refusals within 1 ms, measured by the store); 50/50 well-behaved calls answered (p99 {polite_p99:?})"
+            "flood, {label}: {served} calls served, {shed} shed (p99 of refusals within 1 ms, measured by the store); 50/50 well-behaved calls answered (p99 {polite_p99:?}) while the flood was served {served_meanwhile}"
         );
     }
     drop(store);
@@ -389,11 +399,10 @@ async fn idle_connections_close_but_an_open_watch_is_not_idle() {
     let request = WatchGatewaysRequest { resource_version: 0, ..Default::default() };
     let mut watch = watcher.watch_gateways(request).await.unwrap().into_inner();
 
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while metric(&store, "gantry_store_grpc_connections_idle_closed_total") < 1.0 {
-        assert!(std::time::Instant::now() < deadline, "no idle connection was closed");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(Duration::from_secs(20), "an idle connection closed", || async {
+        metric(&store, "gantry_store_grpc_connections_idle_closed_total") >= 1.0
+    })
+    .await;
     // The idle one was the client's; its next call reconnects.
     client.get_gateway(GetGatewayRequest { name: "g".into() }).await.unwrap();
     // The watch, open for longer than the idle timeout, still delivers.

@@ -1,4 +1,4 @@
-//! The reconciler's recovery policy (DESIGN.md, "Recovery policy") as pure
+//! The reconciler's recovery policy (README, "The reconciler") as pure
 //! decisions over an in-memory record per gateway:
 //!
 //! - a retry budget per set of deployment inputs (generation, rendered

@@ -1,5 +1,5 @@
 //! Validation of a Gateway's metadata and spec against the limits in
-//! DESIGN.md. Every violation names its field relative to the request
+//! the README ("API"). Every violation names its field relative to the request
 //! (`gateway.spec.image`, `gateway.metadata.labels["team"]`).
 
 use std::collections::BTreeMap;

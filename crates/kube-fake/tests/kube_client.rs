@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use gantry_kube_fake::{FaultAction, FaultRule, KubeFake, Options, RequestRecord};
+use gantry_testkit::eventually_some;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
@@ -390,17 +391,11 @@ async fn deployments_roll_out_or_stall() {
     let status_of = |name: &'static str| {
         let api = api.clone();
         async move {
-            let deadline = tokio::time::Instant::now() + PATIENCE;
-            loop {
+            eventually_some(PATIENCE, &format!("{name} observed"), || async {
                 let d = api.get(name).await.unwrap();
-                if let Some(status) =
-                    d.status.filter(|s| s.observed_generation == d.metadata.generation)
-                {
-                    return status;
-                }
-                assert!(tokio::time::Instant::now() < deadline, "{name} never observed");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+                d.status.filter(|s| s.observed_generation == d.metadata.generation)
+            })
+            .await
         }
     };
     let ok = status_of("ok").await;

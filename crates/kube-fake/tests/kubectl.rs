@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+use gantry_testkit::eventually_blocking;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -76,11 +77,9 @@ fn start(dir: &Path) -> (Server, PathBuf) {
         .spawn()
         .unwrap();
     let server = Server(child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !(kubeconfig.exists() && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()) {
-        assert!(Instant::now() < deadline, "kube-fake did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually_blocking(Duration::from_secs(30), "kube-fake started", || {
+        kubeconfig.exists() && std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
     (server, kubeconfig)
 }
 

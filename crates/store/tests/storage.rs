@@ -9,6 +9,7 @@ use common::*;
 use gantry_api::v1::EventType;
 use gantry_core::{lifecycle, Role, RuleError, Write};
 use gantry_store::storage::{PendingWrite, StorageError};
+use gantry_testkit::eventually;
 use prost_types::Timestamp;
 
 fn create_write(name: &str) -> PendingWrite {
@@ -242,21 +243,19 @@ async fn postgres_a_row_inserted_behind_the_stores_back_fails_the_batch_cleanly(
     });
     // Wait until the batch's insert of "shared" blocks on the racing
     // insert, then commit the racing insert.
-    let mut watcher = sqlx::PgConnection::connect(&store.database.url).await.unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
+    let watcher = sqlx::PgConnection::connect(&store.database.url).await.unwrap();
+    let watcher = tokio::sync::Mutex::new(watcher);
+    let within = std::time::Duration::from_secs(30);
+    eventually(within, "the batch reached the racing row", || async {
         let (waiting,): (i64,) = sqlx::query_as(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
         )
-        .fetch_one(&mut watcher)
+        .fetch_one(&mut *watcher.lock().await)
         .await
         .unwrap();
-        if waiting > 0 {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "the batch never reached the racing row");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+        waiting > 0
+    })
+    .await;
     racing.commit().await.unwrap();
     let revision = store.storage.current_revision().await.unwrap();
     let failed = batch.await.unwrap().unwrap_err();

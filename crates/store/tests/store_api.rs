@@ -1,5 +1,5 @@
 //! The gateway-store API over a real gRPC socket, on SQLite and PostgreSQL:
-//! the rules of DESIGN.md as a client sees them.
+//! the rules of gantry-core (README, "Concepts" and "API") as a client sees them.
 
 #![allow(clippy::unwrap_used)]
 

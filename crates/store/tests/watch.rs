@@ -16,6 +16,8 @@ use gantry_api::v1::{
 use gantry_client::watch::{list_then_watch, WatchOptions, WatchUpdate};
 use gantry_store::storage::Retention;
 use gantry_store::WatchSettings;
+use gantry_testkit::eventually;
+use gantry_testkit::eventually_some;
 use prost_types::FieldMask;
 use tokio_stream::StreamExt;
 use tonic::{Code, Status, Streaming};
@@ -384,17 +386,11 @@ async fn compacted_revisions_are_out_of_range_and_the_client_relists(store: &Tes
             .unwrap()
             .into_inner();
     }
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let status = loop {
-        let mut stream = watch(&mut c, from(start)).await;
-        match next_event(&mut stream).await {
-            Err(status) => break status,
-            Ok(_) => {
-                assert!(tokio::time::Instant::now() < deadline, "compaction never ran");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    };
+    let status = eventually_some(PATIENCE, "compaction ran", || {
+        let mut c = c.clone();
+        async move { next_event(&mut watch(&mut c, from(start)).await).await.err() }
+    })
+    .await;
     assert_eq!(status.code(), Code::OutOfRange);
     assert_eq!(status.get_details_error_info().unwrap().reason, "REVISION_COMPACTED");
 
@@ -627,11 +623,10 @@ async fn a_paged_list_is_a_snapshot_and_the_watch_from_it_completes_it(store: &T
     let wait_for_writes = |at_least: usize| {
         let ops = ops.clone();
         async move {
-            let deadline = tokio::time::Instant::now() + PATIENCE;
-            while ops.load(Ordering::Relaxed) < at_least {
-                assert!(tokio::time::Instant::now() < deadline, "writers stalled");
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            eventually(PATIENCE, "writers stalled", || async {
+                ops.load(Ordering::Relaxed) >= at_least
+            })
+            .await;
         }
     };
 
@@ -744,16 +739,12 @@ async fn page_tokens_are_bound_to_their_listing_and_expire_with_history(store: &
     for i in 1..=20 {
         set_image(&mut c, "gw-5", &format!("gw:{i}")).await;
     }
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let expired = loop {
-        match c.list_gateways(list(&token, "")).await {
-            Err(status) => break status,
-            Ok(_) => {
-                assert!(tokio::time::Instant::now() < deadline, "compaction never ran");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    };
+    let expired = eventually_some(PATIENCE, "compaction ran", || {
+        let mut c = c.clone();
+        let request = list(&token, "");
+        async move { c.list_gateways(request).await.err() }
+    })
+    .await;
     assert_eq!(expired.code(), Code::OutOfRange, "{expired:?}");
     assert_eq!(expired.get_details_error_info().unwrap().reason, "REVISION_COMPACTED");
     assert!(gantry_client::watch::is_compacted(&expired), "the client helper relists");

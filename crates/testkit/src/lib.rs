@@ -469,7 +469,7 @@ pub mod k8s;
 pub mod linearizability;
 pub mod wait;
 
-pub use wait::{eventually, eventually_some};
+pub use wait::{eventually, eventually_blocking, eventually_some};
 
 /// Replays the history from the first revision up to `until` and returns
 /// its revisions, checking that each event is a creation (the crash and

@@ -39,6 +39,16 @@ where
     .await;
 }
 
+/// [`eventually`] for code that is not async (a test helper that runs
+/// kubectl): checks `condition` every [`POLL`] on the thread's clock.
+pub fn eventually_blocking(within: Duration, what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + within;
+    while !condition() {
+        assert!(std::time::Instant::now() < deadline, "not within {within:?}: {what}");
+        std::thread::sleep(POLL);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

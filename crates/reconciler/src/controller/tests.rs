@@ -191,11 +191,7 @@ impl Running {
 
 /// Waits (on paused time) until `condition` holds, at most `within`.
 async fn until(within: Duration, what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !condition() {
-        assert!(Instant::now() < deadline, "not within {within:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    gantry_testkit::eventually(within, what, || std::future::ready(condition())).await;
 }
 
 fn status(store: &MemoryStore, name: &str) -> GatewayStatus {
