@@ -86,7 +86,9 @@ fn connection_problem(status: &Status, server: &str) -> Option<String> {
         format!("the store at {server} does not speak TLS ({detail}). If it serves plain text, use http:// in --server or the context.")
     } else if tls && has(&["certificate", "unknownissuer", "handshake"]) {
         format!("the TLS certificate of the store at {server} was not accepted ({detail}). Pass the CA that signed it with --ca (GANTRY_CA) or in the context, and use a host name the certificate names.")
-    } else if !tls && has(&["h2 protocol error", "http2 error", "connection reset", "frame"]) {
+    } else if !tls
+        && has(&["h2 protocol error", "http2 error", "connection reset", "frame", "broken pipe"])
+    {
         format!("the store at {server} broke off the HTTP/2 handshake ({detail}). If it serves TLS, use https:// in --server (with --ca for a private CA).")
     } else if has(&["connection refused"]) {
         format!("nothing is listening at {server} (connection refused). Is gateway-store running there? Check --server or the context in your config.")
@@ -793,6 +795,18 @@ impl Ctl {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plain_text_call_broken_off_by_a_tls_store_says_use_https() {
+        // What the transport reports depends on who closes first: a reset,
+        // a frame error or, writing after the store closed, a broken pipe.
+        for cause in ["connection reset by peer", "frame with invalid size", "broken pipe"] {
+            let io = std::io::Error::other(format!("transport error: {cause}"));
+            let status = Status::from_error(Box::new(io));
+            let said = connection_problem(&status, "http://store:50051").unwrap();
+            assert!(said.contains("use https://"), "{cause}: {said}");
+        }
+    }
 
     #[test]
     fn a_name_is_taken_bare_or_as_kubectl_prints_it() {
