@@ -5,6 +5,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::ctl::Ctl;
+use crate::errors::CtlError;
+
 /// The config file.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -85,6 +88,96 @@ impl ConfigFile {
             None => self.contexts.push(context),
         }
     }
+}
+
+/// `config get-contexts`: the contexts, the current one marked with '*'.
+pub fn get_contexts(file: &ConfigFile, out: &mut impl std::io::Write) -> Result<(), CtlError> {
+    writeln!(out, "{:<8} {:<20} SERVER", "CURRENT", "NAME")?;
+    for c in &file.contexts {
+        let current = if c.name == file.current_context { "*" } else { "" };
+        writeln!(out, "{current:<8} {:<20} {}", c.name, c.server)?;
+    }
+    Ok(())
+}
+
+/// `config use-context NAME`: makes `name` current and saves the file.
+pub fn use_context(
+    mut file: ConfigFile,
+    path: &Path,
+    name: &str,
+    out: &mut impl std::io::Write,
+) -> Result<(), CtlError> {
+    if file.context(Some(name)).is_none() {
+        let known: Vec<&str> = file.contexts.iter().map(|c| c.name.as_str()).collect();
+        return Err(CtlError::Message(format!(
+            "no context {name:?} in {} (it has: {})",
+            path.display(),
+            if known.is_empty() { "none".to_string() } else { known.join(", ") }
+        )));
+    }
+    file.current_context = name.to_string();
+    file.save(path).map_err(CtlError::Message)?;
+    writeln!(out, "Switched to context \"{name}\".")?;
+    Ok(())
+}
+
+/// `config current-context`: the current context's name.
+pub fn current_context(
+    file: &ConfigFile,
+    path: &Path,
+    out: &mut impl std::io::Write,
+) -> Result<(), CtlError> {
+    if file.current_context.is_empty() {
+        return Err(CtlError::Message(format!("no current context in {}", path.display())));
+    }
+    writeln!(out, "{}", file.current_context)?;
+    Ok(())
+}
+
+/// What the flags (and their environment variables) say of the
+/// connection; each overrides the context.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub server: Option<String>,
+    pub token: Option<String>,
+    pub ca: Option<PathBuf>,
+    pub context: Option<String>,
+}
+
+/// Where to connect, from the flags, the environment and the config file
+/// at `path`.
+pub fn connect(flags: &Overrides, file: &ConfigFile, path: &Path) -> Result<Ctl, CtlError> {
+    let context = file.context(flags.context.as_deref()).cloned();
+    if flags.context.is_some() && context.is_none() {
+        return Err(CtlError::Message(format!(
+            "no context {:?} in {}",
+            flags.context.clone().unwrap_or_default(),
+            path.display()
+        )));
+    }
+    let server = flags
+        .server
+        .clone()
+        .or_else(|| context.as_ref().map(|c| c.server.clone()))
+        .unwrap_or_else(|| "http://127.0.0.1:50051".into());
+    let token = flags.token.clone().or_else(|| context.as_ref().and_then(|c| c.token.clone()));
+    let ca_path = flags.ca.clone().or_else(|| context.as_ref().and_then(|c| c.ca.clone()));
+    let ca_pem = match ca_path {
+        Some(p) => Some(
+            std::fs::read(&p)
+                .map_err(|e| CtlError::Message(format!("cannot read CA {}: {e}", p.display())))?,
+        ),
+        None => None,
+    };
+    let client = gantry_client::ClientConfig {
+        endpoint: server.clone(),
+        token,
+        ca_pem,
+        ..Default::default()
+    }
+    .connect_lazy()
+    .map_err(|e| CtlError::Message(e.to_string()))?;
+    Ok(Ctl { client, server })
 }
 
 #[cfg(test)]

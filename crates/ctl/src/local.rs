@@ -1,13 +1,16 @@
 //! What gatewayctl does on this machine: read manifests from files,
-//! directories and stdin, run the user's editor, and run `diff` on two
-//! versions of the gateways, as kubectl does.
+//! directories and stdin, run the user's editor (`edit`), and run `diff`
+//! on two versions of the gateways (`diff`), as kubectl does.
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use std::process::ExitCode;
+
+use crate::ctl::Ctl;
+use crate::errors::CtlError;
 use crate::manifest::{self, GatewayDoc};
-use crate::CtlError;
 
 fn msg(text: impl Into<String>) -> CtlError {
     CtlError::Message(text.into())
@@ -148,4 +151,119 @@ pub fn differ() -> String {
         .ok()
         .filter(|d| !d.trim().is_empty())
         .unwrap_or_else(|| "diff -u -N".into())
+}
+
+/// Names of the documents the files hold (for `delete -f`).
+pub fn names_in(files: &[String], err: &mut impl std::io::Write) -> Result<Vec<String>, CtlError> {
+    let mut names = Vec::new();
+    let mut failed = 0;
+    for doc in documents(files, false) {
+        match doc {
+            Ok(doc) => names.push(doc.metadata.name),
+            Err((path, e)) => {
+                failed += 1;
+                writeln!(err, "error: {path}: {e}")?;
+            }
+        }
+    }
+    if failed > 0 {
+        return Err(CtlError::Reported);
+    }
+    Ok(names)
+}
+
+/// `diff`: writes each gateway as stored and as applying would store it
+/// under two directories and runs the diff program on them; its exit code
+/// (0 no change, 1 changes) is gatewayctl's.
+pub async fn diff(
+    ctl: &Ctl,
+    files: &[String],
+    recursive: bool,
+    err: &mut impl std::io::Write,
+) -> Result<ExitCode, CtlError> {
+    let scratch = Scratch::new("diff")?;
+    let (live, merged) = (scratch.path().join("LIVE"), scratch.path().join("MERGED"));
+    for dir in [&live, &merged] {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut failed = 0;
+    for doc in documents(files, recursive) {
+        let doc = match doc {
+            Ok(doc) => doc,
+            Err((path, e)) => {
+                failed += 1;
+                writeln!(err, "error: {path}: {e}")?;
+                continue;
+            }
+        };
+        let name = doc.metadata.name.clone();
+        match ctl.diff(&doc).await {
+            Ok((before, after)) => {
+                let file = format!("gantry.dev.v1.Gateway.{name}");
+                if let Some(before) = before {
+                    std::fs::write(live.join(&file), yaml(&before)?)?;
+                }
+                std::fs::write(merged.join(&file), yaml(&after)?)?;
+            }
+            Err(e) => {
+                failed += 1;
+                writeln!(err, "error: gateway/{name}: {e}")?;
+            }
+        }
+    }
+    let code = run_shell(&differ(), &[&live, &merged])?;
+    if failed > 0 {
+        return Err(CtlError::Reported);
+    }
+    match code {
+        0 => Ok(ExitCode::SUCCESS),
+        1 => Ok(ExitCode::from(1)),
+        other => Err(CtlError::Message(format!("the diff program exited with {other}"))),
+    }
+}
+
+fn yaml(doc: &GatewayDoc) -> Result<String, CtlError> {
+    serde_saphyr::to_string(doc).map_err(|e| CtlError::Message(e.to_string()))
+}
+
+/// `edit`: opens the gateway in the editor; on any failure after the
+/// edit, the edited file is kept and its path said.
+pub async fn edit(
+    ctl: &Ctl,
+    name: &str,
+    out: &mut impl std::io::Write,
+    err: &mut impl std::io::Write,
+) -> Result<(), CtlError> {
+    let scratch = Scratch::new("edit")?;
+    let file = scratch.path().join(format!("{name}.yaml"));
+    let edited = std::cell::Cell::new(false);
+    let outcome = ctl
+        .edit(name, |text| {
+            std::fs::write(&file, text)?;
+            let code = run_shell(&editor(), &[&file])?;
+            if code != 0 {
+                return Err(CtlError::Message(format!(
+                    "the editor exited with {code}; nothing was written"
+                )));
+            }
+            let after = std::fs::read_to_string(&file)?;
+            edited.set(after != text);
+            Ok((after != text).then_some(after))
+        })
+        .await;
+    match outcome {
+        Ok(crate::write::EditOutcome::Edited) => writeln!(out, "gateway/{name} edited")?,
+        Ok(crate::write::EditOutcome::Cancelled) => {
+            writeln!(err, "Edit cancelled, no changes made.")?;
+        }
+        Err(e) if edited.get() => {
+            let kept = scratch.keep().join(format!("{name}.yaml"));
+            return Err(CtlError::Message(format!(
+                "{e}\nyour edited copy is saved in {}",
+                kept.display()
+            )));
+        }
+        Err(e) => return Err(e),
+    }
+    Ok(())
 }

@@ -8,11 +8,10 @@ use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use gantry_core::duration::parse_duration;
-use gantry_ctl::config::{default_path, ConfigFile};
-use gantry_ctl::manifest::{self, GatewayDoc, Metadata, Route, Spec};
+use gantry_ctl::config::{self, default_path, ConfigFile};
 use gantry_ctl::output::{Format, PrintOptions};
 use gantry_ctl::template::Path;
-use gantry_ctl::{for_each, gateway_name, local, Condition, Ctl, CtlError, LabelChange};
+use gantry_ctl::{args, for_each, gateway_name, local, Condition, Ctl, CtlError, LabelChange};
 
 /// The command line for gantry Gateways.
 #[derive(Parser, Debug)]
@@ -278,194 +277,6 @@ fn parse_path(text: &str) -> Result<Path, String> {
     Path::parse(text).map_err(|e| e.to_string())
 }
 
-/// Where to connect, from flags, the environment and the config file.
-fn connect(cli: &Cli, file: &ConfigFile, config_path: &std::path::Path) -> Result<Ctl, CtlError> {
-    let context = file.context(cli.context.as_deref()).cloned();
-    if cli.context.is_some() && context.is_none() {
-        return Err(CtlError::Message(format!(
-            "no context {:?} in {}",
-            cli.context.clone().unwrap_or_default(),
-            config_path.display()
-        )));
-    }
-    let server = cli
-        .server
-        .clone()
-        .or_else(|| context.as_ref().map(|c| c.server.clone()))
-        .unwrap_or_else(|| "http://127.0.0.1:50051".into());
-    let token = cli.token.clone().or_else(|| context.as_ref().and_then(|c| c.token.clone()));
-    let ca_path = cli.ca.clone().or_else(|| context.as_ref().and_then(|c| c.ca.clone()));
-    let ca_pem = match ca_path {
-        Some(p) => Some(
-            std::fs::read(&p)
-                .map_err(|e| CtlError::Message(format!("cannot read CA {}: {e}", p.display())))?,
-        ),
-        None => None,
-    };
-    let client = gantry_client::ClientConfig {
-        endpoint: server.clone(),
-        token,
-        ca_pem,
-        ..Default::default()
-    }
-    .connect_lazy()
-    .map_err(|e| CtlError::Message(e.to_string()))?;
-    Ok(Ctl { client, server })
-}
-
-/// `config ...`: reads and writes the config file only.
-fn config_command(
-    command: ConfigCommand,
-    mut file: ConfigFile,
-    path: &std::path::Path,
-    out: &mut impl std::io::Write,
-) -> Result<(), CtlError> {
-    match command {
-        ConfigCommand::GetContexts => {
-            writeln!(out, "{:<8} {:<20} SERVER", "CURRENT", "NAME")?;
-            for c in &file.contexts {
-                let current = if c.name == file.current_context { "*" } else { "" };
-                writeln!(out, "{current:<8} {:<20} {}", c.name, c.server)?;
-            }
-        }
-        ConfigCommand::UseContext { name } => {
-            if file.context(Some(&name)).is_none() {
-                let known: Vec<&str> = file.contexts.iter().map(|c| c.name.as_str()).collect();
-                return Err(CtlError::Message(format!(
-                    "no context {name:?} in {} (it has: {})",
-                    path.display(),
-                    if known.is_empty() { "none".to_string() } else { known.join(", ") }
-                )));
-            }
-            file.current_context = name.clone();
-            file.save(path).map_err(CtlError::Message)?;
-            writeln!(out, "Switched to context \"{name}\".")?;
-        }
-        ConfigCommand::CurrentContext => {
-            if file.current_context.is_empty() {
-                return Err(CtlError::Message(format!("no current context in {}", path.display())));
-            }
-            writeln!(out, "{}", file.current_context)?;
-        }
-    }
-    Ok(())
-}
-
-/// Names of the documents the files hold (for `delete -f`).
-fn names_in(files: &[String], err: &mut impl std::io::Write) -> Result<Vec<String>, CtlError> {
-    let mut names = Vec::new();
-    let mut failed = 0;
-    for doc in local::documents(files, false) {
-        match doc {
-            Ok(doc) => names.push(doc.metadata.name),
-            Err((path, e)) => {
-                failed += 1;
-                writeln!(err, "error: {path}: {e}")?;
-            }
-        }
-    }
-    if failed > 0 {
-        return Err(CtlError::Reported);
-    }
-    Ok(names)
-}
-
-/// `diff`: writes each gateway as stored and as applying would store it
-/// under two directories and runs the diff program on them; its exit code
-/// (0 no change, 1 changes) is gatewayctl's.
-async fn diff(
-    ctl: &Ctl,
-    files: &[String],
-    recursive: bool,
-    err: &mut impl std::io::Write,
-) -> Result<ExitCode, CtlError> {
-    let scratch = local::Scratch::new("diff")?;
-    let (live, merged) = (scratch.path().join("LIVE"), scratch.path().join("MERGED"));
-    for dir in [&live, &merged] {
-        std::fs::create_dir_all(dir)?;
-    }
-    let mut failed = 0;
-    for doc in local::documents(files, recursive) {
-        let doc = match doc {
-            Ok(doc) => doc,
-            Err((path, e)) => {
-                failed += 1;
-                writeln!(err, "error: {path}: {e}")?;
-                continue;
-            }
-        };
-        let name = doc.metadata.name.clone();
-        match ctl.diff(&doc).await {
-            Ok((before, after)) => {
-                let file = format!("gantry.dev.v1.Gateway.{name}");
-                if let Some(before) = before {
-                    std::fs::write(live.join(&file), yaml(&before)?)?;
-                }
-                std::fs::write(merged.join(&file), yaml(&after)?)?;
-            }
-            Err(e) => {
-                failed += 1;
-                writeln!(err, "error: gateway/{name}: {e}")?;
-            }
-        }
-    }
-    let code = local::run_shell(&local::differ(), &[&live, &merged])?;
-    if failed > 0 {
-        return Err(CtlError::Reported);
-    }
-    match code {
-        0 => Ok(ExitCode::SUCCESS),
-        1 => Ok(ExitCode::from(1)),
-        other => Err(CtlError::Message(format!("the diff program exited with {other}"))),
-    }
-}
-
-fn yaml(doc: &GatewayDoc) -> Result<String, CtlError> {
-    serde_saphyr::to_string(doc).map_err(|e| CtlError::Message(e.to_string()))
-}
-
-/// `edit`: opens the gateway in the editor; on any failure after the
-/// edit, the edited file is kept and its path said.
-async fn edit(
-    ctl: &Ctl,
-    name: &str,
-    out: &mut impl std::io::Write,
-    err: &mut impl std::io::Write,
-) -> Result<(), CtlError> {
-    let scratch = local::Scratch::new("edit")?;
-    let file = scratch.path().join(format!("{name}.yaml"));
-    let edited = std::cell::Cell::new(false);
-    let outcome = ctl
-        .edit(name, |text| {
-            std::fs::write(&file, text)?;
-            let code = local::run_shell(&local::editor(), &[&file])?;
-            if code != 0 {
-                return Err(CtlError::Message(format!(
-                    "the editor exited with {code}; nothing was written"
-                )));
-            }
-            let after = std::fs::read_to_string(&file)?;
-            edited.set(after != text);
-            Ok((after != text).then_some(after))
-        })
-        .await;
-    match outcome {
-        Ok(gantry_ctl::EditOutcome::Edited) => writeln!(out, "gateway/{name} edited")?,
-        Ok(gantry_ctl::EditOutcome::Cancelled) => {
-            writeln!(err, "Edit cancelled, no changes made.")?;
-        }
-        Err(e) if edited.get() => {
-            let kept = scratch.keep().join(format!("{name}.yaml"));
-            return Err(CtlError::Message(format!(
-                "{e}\nyour edited copy is saved in {}",
-                kept.display()
-            )));
-        }
-        Err(e) => return Err(e),
-    }
-    Ok(())
-}
-
 async fn run(cli: Cli) -> Result<ExitCode, CtlError> {
     if let Command::Completion { shell } = &cli.command {
         clap_complete::generate(*shell, &mut Cli::command(), "gatewayctl", &mut std::io::stdout());
@@ -484,7 +295,15 @@ async fn run(cli: Cli) -> Result<ExitCode, CtlError> {
     let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
     match cli.command {
         Command::Config(command) => {
-            config_command(command, file, &config_path, &mut out)?;
+            match command {
+                ConfigCommand::GetContexts => config::get_contexts(&file, &mut out)?,
+                ConfigCommand::UseContext { name } => {
+                    config::use_context(file, &config_path, &name, &mut out)?;
+                }
+                ConfigCommand::CurrentContext => {
+                    config::current_context(&file, &config_path, &mut out)?;
+                }
+            }
             return Ok(ExitCode::SUCCESS);
         }
         Command::Version { client: true } => {
@@ -493,8 +312,24 @@ async fn run(cli: Cli) -> Result<ExitCode, CtlError> {
         }
         _ => {}
     }
-    let ctl = connect(&cli, &file, &config_path)?;
-    match cli.command {
+    let flags = config::Overrides {
+        server: cli.server.clone(),
+        token: cli.token.clone(),
+        ca: cli.ca.clone(),
+        context: cli.context.clone(),
+    };
+    let ctl = config::connect(&flags, &file, &config_path)?;
+    dispatch(&ctl, cli.command, &mut out, &mut err).await
+}
+
+/// Runs one command that talks to the store.
+async fn dispatch(
+    ctl: &Ctl,
+    command: Command,
+    out: &mut impl std::io::Write,
+    err: &mut impl std::io::Write,
+) -> Result<ExitCode, CtlError> {
+    match command {
         Command::Apply { files, recursive, dry_run } => {
             for_each(
                 local::documents(&files, recursive),
@@ -506,8 +341,8 @@ async fn run(cli: Cli) -> Result<ExitCode, CtlError> {
                     Ok(doc) => ctl.apply(doc, dry_run.on()).await,
                     Err((_, e)) => Err(CtlError::Message(e.to_string())),
                 },
-                &mut out,
-                &mut err,
+                out,
+                err,
             )
             .await?;
         }
@@ -521,46 +356,30 @@ async fn run(cli: Cli) -> Result<ExitCode, CtlError> {
             labels,
             dry_run,
         } => {
-            let labels = labels
-                .iter()
-                .map(|l| {
-                    l.split_once('=')
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .ok_or_else(|| CtlError::Message(format!("label {l:?} is not key=value")))
-                })
-                .collect::<Result<_, _>>()?;
-            let doc = GatewayDoc {
-                api_version: manifest::API_VERSION.into(),
-                kind: manifest::KIND.into(),
-                metadata: Metadata { name, labels, ..Default::default() },
-                spec: Spec {
-                    image,
-                    replicas,
-                    supervisor_image: supervisor_image.unwrap_or_default(),
-                    route: route_host.map(|host| Route {
-                        host,
-                        tls_secret_name: tls_secret.unwrap_or_default(),
-                    }),
-                    ..Default::default()
-                },
-                status: None,
-            };
+            let doc = args::create_doc(args::CreateFlags {
+                name,
+                image,
+                replicas,
+                supervisor_image,
+                route_host,
+                tls_secret,
+                labels,
+            })?;
             writeln!(out, "{}", ctl.create(&doc, dry_run.on()).await?)?;
         }
         Command::Get { names, selector, output, no_headers, show_labels, sort_by, watch } => {
             let options =
                 PrintOptions { single: false, headers: !no_headers, show_labels, sort_by };
-            let revision =
-                ctl.get_cmd(&names, &selector, &output, &options, &mut out, &mut err).await?;
+            let revision = ctl.get_cmd(&names, &selector, &output, &options, out, err).await?;
             if watch {
-                ctl.get_watch(&names, &selector, &output, &options, revision, &mut out).await?;
+                ctl.get_watch(&names, &selector, &output, &options, revision, out).await?;
             }
         }
-        Command::Describe { name } => ctl.describe(&name, &mut out).await?,
+        Command::Describe { name } => ctl.describe(&name, out).await?,
         Command::Diff { files, recursive } => {
             // As `kubectl diff`: 0 no change, 1 changes, anything above an
             // error (never 1, which would read as "changes").
-            return Ok(match diff(&ctl, &files, recursive, &mut err).await {
+            return Ok(match local::diff(ctl, &files, recursive, err).await {
                 Ok(code) => code,
                 Err(CtlError::Reported) => ExitCode::from(2),
                 Err(e) => {
@@ -569,7 +388,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CtlError> {
                 }
             });
         }
-        Command::Edit { name } => edit(&ctl, &name, &mut out, &mut err).await?,
+        Command::Edit { name } => local::edit(ctl, &name, out, err).await?,
         Command::Label { name, changes, overwrite, dry_run } => {
             writeln!(out, "{}", ctl.label(&name, &changes, overwrite, dry_run.on()).await?)?;
         }
@@ -584,39 +403,17 @@ async fn run(cli: Cli) -> Result<ExitCode, CtlError> {
             let names = match (selector, all) {
                 (Some(selector), _) => ctl.names(&selector).await?,
                 (None, true) => ctl.names("").await?,
-                _ if !files.is_empty() => names_in(&files, &mut err)?,
+                _ if !files.is_empty() => local::names_in(&files, err)?,
                 _ => names,
             };
-            if names.is_empty() {
-                writeln!(err, "No gateways found.")?;
-                return Ok(ExitCode::SUCCESS);
-            }
-            let deleted = std::cell::RefCell::new(Vec::new());
-            let outcome = for_each(
-                &names,
-                |name| format!("gateway/{name}"),
-                async |name| {
-                    let line = ctl.delete(name, dry_run.on()).await?;
-                    deleted.borrow_mut().push((*name).clone());
-                    Ok(line)
-                },
-                &mut out,
-                &mut err,
-            )
-            .await;
-            let deleted = deleted.into_inner();
-            if wait && !dry_run.on() && !deleted.is_empty() {
-                ctl.wait(&deleted, &Condition::Deleted, timeout, &mut out).await?;
-            }
-            outcome?;
+            let wait = wait.then_some(timeout);
+            ctl.delete_all(&names, wait, dry_run.on(), out, err).await?;
         }
         Command::Wait { names, condition, timeout } => {
-            ctl.wait(&names, &condition, timeout, &mut out).await?;
+            ctl.wait(&names, &condition, timeout, out).await?;
         }
-        Command::Retry { name } => ctl.retry(&name, &mut out).await?,
-        Command::Watch { selector, name } => {
-            ctl.watch(&selector, name.as_deref(), &mut out).await?
-        }
+        Command::Retry { name } => ctl.retry(&name, out).await?,
+        Command::Watch { selector, name } => ctl.watch(&selector, name.as_deref(), out).await?,
         Command::Version { .. } => {
             writeln!(out, "Client Version: {}", env!("CARGO_PKG_VERSION"))?;
             writeln!(out, "Server Version: {}", ctl.server_version().await?)?;

@@ -5,9 +5,9 @@ use std::time::SystemTime;
 
 use gantry_api::v1::{ConditionStatus, Gateway, Phase};
 
+use crate::errors::CtlError;
 use crate::manifest::GatewayDoc;
 use crate::template::{custom_columns, Path, Template};
-use crate::CtlError;
 
 /// `-o` formats.
 #[derive(Clone, Debug, PartialEq)]
