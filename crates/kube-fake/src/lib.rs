@@ -20,8 +20,11 @@
 #![forbid(unsafe_code)]
 
 pub mod error;
+mod gc;
+mod prepare;
 pub mod protobuf;
 pub mod resources;
+mod rollout;
 pub mod schema;
 pub mod server;
 pub mod ssa;

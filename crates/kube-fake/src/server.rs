@@ -246,36 +246,8 @@ async fn resource_request(
 ) -> Result<Response, ApiError> {
     let content_type =
         headers.get(header::CONTENT_TYPE).and_then(|h| h.to_str().ok()).unwrap_or("");
-    // kubectl's imperative commands send protobuf for built-in types: the
-    // kinds they create are read; anything else is refused with 415.
-    let decoded;
-    let body = if content_type.starts_with("application/vnd.kubernetes.protobuf") {
-        let object = crate::protobuf::decode(body).map_err(|why| {
-            ApiError::new(415, "UnsupportedMediaType", format!("{content_type}: {why}; send JSON"))
-        })?;
-        decoded = Bytes::from(object.to_string());
-        &decoded
-    } else {
-        body
-    };
-    let is_watch = query.get("watch").is_some_and(|w| w == "true" || w == "1");
-    let verb = match (method.as_str(), &target.name) {
-        ("GET", Some(_)) => "get",
-        ("GET", None) if is_watch => "watch",
-        ("GET", None) => "list",
-        ("POST", None) => "create",
-        ("PUT", Some(_)) => "update",
-        ("PATCH", Some(_)) if content_type.starts_with("application/apply-patch") => "apply",
-        ("PATCH", Some(_)) => "patch",
-        ("DELETE", Some(_)) => "delete",
-        _ => {
-            return Err(ApiError::new(
-                405,
-                "MethodNotAllowed",
-                format!("{method} is not supported on this path"),
-            ))
-        }
-    };
+    let body = decoded_body(content_type, body)?;
+    let verb = verb_of(method, &target, query, content_type)?;
     let rt = target.rt;
     let namespace = target.namespace.clone().unwrap_or_default();
     let name = target.name.clone().unwrap_or_default();
@@ -310,11 +282,83 @@ async fn resource_request(
         let body = list(&fake.lock(), rt, target.namespace.as_deref(), query)?;
         return Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response());
     }
-    let subresource = target.subresource;
-    let result = {
-        let mut state = fake.lock();
-        match verb {
-            "get" => state.get(rt, &namespace, &name),
+    let request = Request {
+        verb,
+        rt,
+        namespace: &namespace,
+        name: &name,
+        subresource: target.subresource,
+        manager: &manager,
+        content_type,
+        query,
+        body: &body,
+    };
+    let result = request.run(&mut fake.lock());
+    fake.rollout_wake.notify_one();
+    let value = result?;
+    let code = if verb == "create" { StatusCode::CREATED } else { StatusCode::OK };
+    Ok(json_response(code, &value))
+}
+
+/// The request's body as JSON text: kubectl's imperative commands send
+/// protobuf for built-in types; the kinds they create are read, anything
+/// else is refused with 415.
+fn decoded_body(content_type: &str, body: &Bytes) -> Result<Bytes, ApiError> {
+    if !content_type.starts_with("application/vnd.kubernetes.protobuf") {
+        return Ok(body.clone());
+    }
+    let object = crate::protobuf::decode(body).map_err(|why| {
+        ApiError::new(415, "UnsupportedMediaType", format!("{content_type}: {why}; send JSON"))
+    })?;
+    Ok(Bytes::from(object.to_string()))
+}
+
+/// The API verb of a request on a resource path.
+fn verb_of(
+    method: &Method,
+    target: &Target,
+    query: &BTreeMap<String, String>,
+    content_type: &str,
+) -> Result<&'static str, ApiError> {
+    let is_watch = query.get("watch").is_some_and(|w| w == "true" || w == "1");
+    Ok(match (method.as_str(), &target.name) {
+        ("GET", Some(_)) => "get",
+        ("GET", None) if is_watch => "watch",
+        ("GET", None) => "list",
+        ("POST", None) => "create",
+        ("PUT", Some(_)) => "update",
+        ("PATCH", Some(_)) if content_type.starts_with("application/apply-patch") => "apply",
+        ("PATCH", Some(_)) => "patch",
+        ("DELETE", Some(_)) => "delete",
+        _ => {
+            return Err(ApiError::new(
+                405,
+                "MethodNotAllowed",
+                format!("{method} is not supported on this path"),
+            ))
+        }
+    })
+}
+
+/// A read or write of one object, run under the state's lock.
+struct Request<'a> {
+    verb: &'static str,
+    rt: &'static ResourceType,
+    namespace: &'a str,
+    name: &'a str,
+    subresource: Option<&'static str>,
+    manager: &'a str,
+    content_type: &'a str,
+    query: &'a BTreeMap<String, String>,
+    body: &'a Bytes,
+}
+
+impl Request<'_> {
+    fn run(&self, state: &mut State) -> Result<Value, ApiError> {
+        let (rt, namespace, name, manager) = (self.rt, self.namespace, self.name, self.manager);
+        let subresource = self.subresource;
+        match self.verb {
+            "get" => state.get(rt, namespace, name),
             "create" => {
                 if subresource.is_some() {
                     return Err(ApiError::new(
@@ -323,46 +367,36 @@ async fn resource_request(
                         "create is not supported on subresources",
                     ));
                 }
-                let body = parse_body(body, false)?;
-                state.create(rt, &namespace, body, &manager)
+                state.create(rt, namespace, parse_body(self.body, false)?, manager)
             }
             "update" => {
-                state.update(rt, &namespace, &name, parse_body(body, false)?, &manager, subresource)
+                let body = parse_body(self.body, false)?;
+                state.update(rt, namespace, name, body, manager, subresource)
             }
             "patch" => {
-                if content_type.starts_with("application/json-patch") {
+                if self.content_type.starts_with("application/json-patch") {
                     return Err(ApiError::new(
                         415,
                         "UnsupportedMediaType",
                         "JSON patch is not supported by kube-fake; use merge patch or apply",
                     ));
                 }
-                state.merge_patch(
-                    rt,
-                    &namespace,
-                    &name,
-                    &parse_body(body, false)?,
-                    &manager,
-                    subresource,
-                )
+                let patch = parse_body(self.body, false)?;
+                state.merge_patch(rt, namespace, name, &patch, manager, subresource)
             }
             "apply" => {
-                let force = query.get("force").is_some_and(|f| f == "true");
-                let options = ApplyOptions { manager: &manager, force, subresource };
-                state.apply(rt, &namespace, &name, parse_body(body, true)?, options)
+                let force = self.query.get("force").is_some_and(|f| f == "true");
+                let options = ApplyOptions { manager, force, subresource };
+                state.apply(rt, namespace, name, parse_body(self.body, true)?, options)
             }
             "delete" => {
-                let options = parse_body(body, false)?;
-                let policy = query.get("propagationPolicy").cloned().unwrap_or_default();
-                state.delete(rt, &namespace, &name, &options, &policy)
+                let options = parse_body(self.body, false)?;
+                let policy = self.query.get("propagationPolicy").cloned().unwrap_or_default();
+                state.delete(rt, namespace, name, &options, &policy)
             }
-            _ => Err(ApiError::new(405, "MethodNotAllowed", verb.to_string())),
+            other => Err(ApiError::new(405, "MethodNotAllowed", other.to_string())),
         }
-    };
-    fake.rollout_wake.notify_one();
-    let value = result?;
-    let code = if verb == "create" { StatusCode::CREATED } else { StatusCode::OK };
-    Ok(json_response(code, &value))
+    }
 }
 
 fn injected_faults(

@@ -1,7 +1,8 @@
 //! The fake API server's state: objects, one resourceVersion counter, the
-//! event history for watches, managed fields, finalizers and garbage
-//! collection. Every operation runs under one lock, as one etcd
-//! transaction would.
+//! event history for watches, managed fields; reads and writes (deletion
+//! and garbage collection in `gc`, the controllers it plays in `rollout`,
+//! what the server sets on a write in `prepare`). Every operation runs
+//! under one lock, as one etcd transaction would.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -13,12 +14,12 @@ use tokio::sync::broadcast;
 use crate::resources::{self, ResourceType};
 use crate::schema::Schema;
 use crate::ssa::{self, Manager, Scope, Writer};
-use crate::util::{now_rfc3339, FieldSelector, LabelSelector};
+use crate::util::{is_foreground_deleting, now_rfc3339, owner_uids, FieldSelector, LabelSelector};
 use crate::validation;
 
 pub use crate::error::ApiError;
 
-const INGRESSES: &str = "networking.k8s.io/ingresses";
+pub(crate) const INGRESSES: &str = "networking.k8s.io/ingresses";
 /// The address the ingress controller stand-in publishes on every Ingress.
 pub const INGRESS_ADDRESS: &str = "192.0.2.10";
 
@@ -220,7 +221,7 @@ impl State {
         self.compacted
     }
 
-    fn key(rt: &ResourceType, namespace: &str, name: &str) -> ObjectKey {
+    pub(crate) fn key(rt: &ResourceType, namespace: &str, name: &str) -> ObjectKey {
         (
             resource_key(rt),
             if rt.namespaced { namespace.to_string() } else { String::new() },
@@ -252,7 +253,7 @@ impl State {
         value
     }
 
-    fn commit(
+    pub(crate) fn commit(
         &mut self,
         key: &ObjectKey,
         kind: &'static str,
@@ -304,15 +305,6 @@ impl State {
     pub fn compact_all(&mut self) {
         self.events.clear();
         self.compacted = self.rv;
-    }
-
-    fn schedule_rollout(&mut self, key: &ObjectKey, value: &Value) {
-        let generation = value["metadata"]["generation"].as_i64().unwrap_or(0);
-        let observed = value["status"]["observedGeneration"].as_i64().unwrap_or(0);
-        if generation != observed && value["metadata"].get("deletionTimestamp").is_none() {
-            let due = tokio::time::Instant::now() + self.rollout.delay;
-            self.pending_rollouts.entry(key.clone()).or_insert(due);
-        }
     }
 
     /// Events after `rv` for a watch, or `None` when that history is gone.
@@ -378,114 +370,6 @@ impl State {
         }
     }
 
-    /// Sets the fields the server owns on a write: identity, timestamps,
-    /// generation, and keeps what the scope may not change.
-    fn prepare(
-        rt: &ResourceType,
-        namespace: &str,
-        old: Option<&Value>,
-        new: &mut Value,
-        scope: Scope,
-    ) -> Result<(), ApiError> {
-        if !new.is_object() {
-            return Err(ApiError::bad_request("the body must be a JSON object"));
-        }
-        if let Some(api_version) = new.get("apiVersion").and_then(Value::as_str) {
-            if api_version != rt.api_version() {
-                return Err(ApiError::bad_request(format!(
-                    "apiVersion {api_version} does not match {}",
-                    rt.api_version()
-                )));
-            }
-        }
-        if let Some(kind) = new.get("kind").and_then(Value::as_str) {
-            if kind != rt.kind {
-                return Err(ApiError::bad_request(format!(
-                    "kind {kind} does not match {}",
-                    rt.kind
-                )));
-            }
-        }
-        new["apiVersion"] = json!(rt.api_version());
-        new["kind"] = json!(rt.kind);
-        if !new.get("metadata").is_some_and(Value::is_object) {
-            new["metadata"] = json!({});
-        }
-        if let Some(old) = old {
-            match scope {
-                Scope::Main => {
-                    if let Some(status) = old.get("status") {
-                        new["status"] = status.clone();
-                    } else if let Some(map) = new.as_object_mut() {
-                        map.remove("status");
-                    }
-                }
-                Scope::Status => {
-                    let status = new.get("status").cloned();
-                    *new = old.clone();
-                    match status {
-                        Some(s) => new["status"] = s,
-                        None => {
-                            if let Some(map) = new.as_object_mut() {
-                                map.remove("status");
-                            }
-                        }
-                    }
-                }
-                Scope::Whole => {}
-            }
-        } else if scope == Scope::Main {
-            if let Some(map) = new.as_object_mut() {
-                map.remove("status");
-            }
-        }
-        let meta = new["metadata"]
-            .as_object_mut()
-            .ok_or_else(|| ApiError::bad_request("metadata must be an object"))?;
-        meta.remove("managedFields");
-        meta.remove("selfLink");
-        if rt.namespaced {
-            meta.insert("namespace".into(), json!(namespace));
-        } else {
-            meta.remove("namespace");
-        }
-        let keep = |field: &str| old.and_then(|o| o["metadata"].get(field)).cloned();
-        for field in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds"]
-        {
-            match keep(field) {
-                Some(v) => {
-                    meta.insert(field.into(), v);
-                }
-                None => {
-                    meta.remove(field);
-                }
-            }
-        }
-        if old.is_none() {
-            meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
-            meta.insert("creationTimestamp".into(), json!(now_rfc3339()));
-        }
-        if rt.has_generation() {
-            let old_generation = old.and_then(|o| o["metadata"]["generation"].as_i64());
-            // Deployments also count annotation changes (the API server's
-            // deployment strategy; the rollback annotation once lived there).
-            let spec_changed = old.is_some_and(|o| {
-                o.get("spec") != new.get("spec")
-                    || (rt.kind == "Deployment"
-                        && o["metadata"].get("annotations") != new["metadata"].get("annotations"))
-            });
-            let generation = match old_generation {
-                None => 1,
-                Some(g) if spec_changed => g + 1,
-                Some(g) => g,
-            };
-            new["metadata"]["generation"] = json!(generation);
-        } else if let Some(meta) = new["metadata"].as_object_mut() {
-            meta.remove("generation");
-        }
-        Ok(())
-    }
-
     fn scope(rt: &ResourceType, subresource: Option<&str>) -> Scope {
         match (rt.status_subresource, subresource) {
             (true, Some("status")) => Scope::Status,
@@ -544,7 +428,7 @@ impl State {
         }
         body["metadata"]["name"] = json!(name);
         let scope = Self::scope(rt, None);
-        Self::prepare(rt, namespace, None, &mut body, scope)?;
+        crate::prepare::prepare(rt, namespace, None, &mut body, scope)?;
         validation::validate(rt, None, &body)?;
         let mut managers = Vec::new();
         let now = now_rfc3339();
@@ -554,7 +438,7 @@ impl State {
         Ok(self.commit(&key, "ADDED", Object { value: body, managers }, None))
     }
 
-    fn existing(
+    pub(crate) fn existing(
         &self,
         rt: &ResourceType,
         namespace: &str,
@@ -567,7 +451,7 @@ impl State {
 
     /// Stores a new version of an existing object; removes it when it was
     /// being deleted and has no finalizers left.
-    fn replace(&mut self, key: &ObjectKey, old: &Object, new: Object) -> Value {
+    pub(crate) fn replace(&mut self, key: &ObjectKey, old: &Object, new: Object) -> Value {
         if new.value == old.value && new.managers == old.managers {
             return Self::render(old);
         }
@@ -590,7 +474,7 @@ impl State {
         rendered
     }
 
-    fn check_preconditions(
+    pub(crate) fn check_preconditions(
         stored: &Value,
         body_rv: Option<&str>,
         uid: Option<&str>,
@@ -640,7 +524,7 @@ impl State {
         )?;
         body["metadata"]["name"] = json!(name);
         let scope = Self::scope(rt, subresource);
-        Self::prepare(rt, namespace, Some(&old.value), &mut body, scope)?;
+        crate::prepare::prepare(rt, namespace, Some(&old.value), &mut body, scope)?;
         validation::validate(rt, Some(&old.value), &body)?;
         let deleting = old.value["metadata"].get("deletionTimestamp").is_some();
         let added_finalizer = body["metadata"]["finalizers"].as_array().is_some_and(|new| {
@@ -738,7 +622,7 @@ impl State {
                 e
             })?;
         let mut value = merged;
-        Self::prepare(rt, namespace, old.as_ref().map(|o| &o.value), &mut value, scope)?;
+        crate::prepare::prepare(rt, namespace, old.as_ref().map(|o| &o.value), &mut value, scope)?;
         validation::validate(rt, old.as_ref().map(|o| &o.value), &value)?;
         match old {
             None => Ok(self.commit(&key, "ADDED", Object { value, managers }, None)),
@@ -749,221 +633,6 @@ impl State {
             }
         }
     }
-
-    /// Deletes with optional preconditions and a propagation policy
-    /// (Background default, Foreground, Orphan).
-    pub fn delete(
-        &mut self,
-        rt: &ResourceType,
-        namespace: &str,
-        name: &str,
-        options: &Value,
-        policy: &str,
-    ) -> Written {
-        let (key, old) = self.existing(rt, namespace, name)?;
-        Self::check_preconditions(
-            &old.value,
-            options["preconditions"]["resourceVersion"].as_str(),
-            options["preconditions"]["uid"].as_str(),
-        )?;
-        let mut new = old.clone();
-        let meta = &mut new.value["metadata"];
-        let already = meta.get("deletionTimestamp").is_some();
-        if !already {
-            meta["deletionTimestamp"] = json!(now_rfc3339());
-            meta["deletionGracePeriodSeconds"] = json!(0);
-        }
-        let mut finalizers: Vec<Value> = meta["finalizers"].as_array().cloned().unwrap_or_default();
-        let uid = meta["uid"].as_str().unwrap_or("").to_string();
-        let policy = if policy.is_empty() {
-            options["propagationPolicy"].as_str().unwrap_or("Background")
-        } else {
-            policy
-        };
-        if policy == "Foreground" && !already && self.has_dependents(&uid) {
-            finalizers.push(json!("foregroundDeletion"));
-        }
-        if policy == "Orphan" {
-            self.orphan_dependents(&uid);
-        }
-        meta["finalizers"] = Value::Array(finalizers.clone());
-        if finalizers.is_empty() {
-            if let Some(m) = new.value["metadata"].as_object_mut() {
-                m.remove("finalizers");
-            }
-        }
-        if rt.kind == "Namespace" {
-            self.delete_namespace_contents(name);
-        }
-        let rendered = if already && new.value == old.value {
-            Self::render(&old)
-        } else if finalizers.is_empty() {
-            self.commit(&key, "DELETED", new, Some(old.value["metadata"]["labels"].clone()));
-            // As the real server: an object removed at once is answered
-            // with a Status; one that waits for finalizers, with itself.
-            json!({
-                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                "details": {"name": name, "group": rt.group, "kind": rt.plural, "uid": uid},
-            })
-        } else {
-            self.commit(&key, "MODIFIED", new, Some(old.value["metadata"]["labels"].clone()))
-        };
-        self.collect_garbage();
-        Ok(rendered)
-    }
-
-    fn delete_namespace_contents(&mut self, namespace: &str) {
-        let keys: Vec<ObjectKey> =
-            self.objects.keys().filter(|k| k.1 == namespace).cloned().collect();
-        for key in keys {
-            if let Some(stored) = self.objects.get(&key) {
-                let labels = stored.labels.clone();
-                let object = stored.load();
-                self.commit(&key, "DELETED", object, Some(labels));
-            }
-        }
-    }
-
-    fn has_dependents(&self, uid: &str) -> bool {
-        self.objects.values().any(|o| o.owners.iter().any(|u| u == uid))
-    }
-
-    fn orphan_dependents(&mut self, uid: &str) {
-        let keys: Vec<ObjectKey> = self
-            .objects
-            .iter()
-            .filter(|(_, o)| o.owners.iter().any(|u| u == uid))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for key in keys {
-            let Some(old) = self.objects.get(&key).map(Stored::load) else { continue };
-            let mut new = old.clone();
-            if let Some(refs) = new.value["metadata"]["ownerReferences"].as_array_mut() {
-                refs.retain(|r| r["uid"].as_str() != Some(uid));
-            }
-            self.commit(&key, "MODIFIED", new, Some(old.value["metadata"]["labels"].clone()));
-        }
-    }
-
-    /// Deletes dependents whose owners are gone or being deleted in the
-    /// foreground, and finishes foreground deletions with no dependents.
-    pub fn collect_garbage(&mut self) {
-        loop {
-            let live_uids: BTreeSet<&str> = self
-                .objects
-                .values()
-                .filter(|o| !o.foreground_deleting)
-                .map(|o| o.uid.as_str())
-                .collect();
-            let orphan = self.objects.iter().find(|(_, o)| {
-                !o.owners.is_empty()
-                    && o.owners.iter().all(|u| !live_uids.contains(u.as_str()))
-                    && !o.deleting
-            });
-            if let Some((key, stored)) = orphan.map(|(k, s)| (k.clone(), s.clone())) {
-                let mut new = stored.load();
-                new.value["metadata"]["deletionTimestamp"] = json!(now_rfc3339());
-                let labels = stored.labels.clone();
-                let finalizers =
-                    new.value["metadata"]["finalizers"].as_array().is_some_and(|f| !f.is_empty());
-                self.commit(
-                    &key,
-                    if finalizers { "MODIFIED" } else { "DELETED" },
-                    new,
-                    Some(labels),
-                );
-                continue;
-            }
-            let finished = self
-                .objects
-                .iter()
-                .find(|(_, o)| o.foreground_deleting && !self.has_dependents(&o.uid));
-            if let Some((key, stored)) = finished.map(|(k, s)| (k.clone(), s.clone())) {
-                let mut new = stored.load();
-                if let Some(f) = new.value["metadata"]["finalizers"].as_array_mut() {
-                    f.retain(|f| f != "foregroundDeletion");
-                }
-                let empty =
-                    new.value["metadata"]["finalizers"].as_array().is_none_or(Vec::is_empty);
-                let labels = stored.labels.clone();
-                self.commit(&key, if empty { "DELETED" } else { "MODIFIED" }, new, Some(labels));
-                continue;
-            }
-            return;
-        }
-    }
-
-    /// The Deployment controller's status write for a finished (or
-    /// stalled) rollout; for an Ingress, the ingress controller's address.
-    pub fn complete_rollout(&mut self, key: &ObjectKey) {
-        let Some(old) = self.objects.get(key).map(Stored::load) else { return };
-        if key.0 == INGRESSES {
-            let now = now_rfc3339();
-            let mut new = old.clone();
-            new.value["status"] = json!({"loadBalancer": {"ingress": [{"ip": INGRESS_ADDRESS}]}});
-            let writer = Writer {
-                root: Schema::get().kind("networking.k8s.io/v1", "Ingress"),
-                manager: "ingress-controller",
-                subresource: Some("status"),
-                scope: Scope::Status,
-                now: &now,
-            };
-            ssa::record_update(Some(&old.value), &new.value, &mut new.managers, writer);
-            self.replace(key, &old, new);
-            return;
-        }
-        let value = &old.value;
-        let generation = value["metadata"]["generation"].as_i64().unwrap_or(1);
-        let replicas = value["spec"]["replicas"].as_i64().unwrap_or(1);
-        let stalled = self.rollout.stalled.contains(&format!("{}/{}", key.1, key.2));
-        let now = now_rfc3339();
-        let (available, progressing) = if stalled {
-            (
-                json!({"type": "Available", "status": if replicas == 0 { "True" } else { "False" }, "reason": "MinimumReplicasUnavailable", "message": "Deployment does not have minimum availability.", "lastUpdateTime": now, "lastTransitionTime": now}),
-                json!({"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": format!("ReplicaSet \"{}\" has timed out progressing.", key.2), "lastUpdateTime": now, "lastTransitionTime": now}),
-            )
-        } else {
-            (
-                json!({"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable", "message": "Deployment has minimum availability.", "lastUpdateTime": now, "lastTransitionTime": now}),
-                json!({"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable", "message": format!("ReplicaSet \"{}\" has successfully progressed.", key.2), "lastUpdateTime": now, "lastTransitionTime": now}),
-            )
-        };
-        let ready = if stalled { 0 } else { replicas };
-        let status = json!({
-            "observedGeneration": generation,
-            "replicas": replicas,
-            "updatedReplicas": if stalled { 0 } else { replicas },
-            "readyReplicas": ready,
-            "availableReplicas": ready,
-            "conditions": [available, progressing],
-        });
-        let mut new = old.clone();
-        new.value["status"] = status;
-        let writer = Writer {
-            root: Schema::get().kind("apps/v1", "Deployment"),
-            manager: "kube-controller-manager",
-            subresource: Some("status"),
-            scope: Scope::Status,
-            now: &now,
-        };
-        ssa::record_update(Some(&old.value), &new.value, &mut new.managers, writer);
-        self.replace(key, &old, new);
-    }
-}
-
-fn owner_uids(value: &Value) -> impl Iterator<Item = &str> {
-    value["metadata"]["ownerReferences"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|r| r["uid"].as_str())
-}
-
-fn is_foreground_deleting(value: &Value) -> bool {
-    value["metadata"]["finalizers"]
-        .as_array()
-        .is_some_and(|f| f.iter().any(|f| f == "foregroundDeletion"))
-        && value["metadata"].get("deletionTimestamp").is_some()
 }
 
 /// RFC 7386 JSON merge patch.

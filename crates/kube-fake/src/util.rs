@@ -177,6 +177,21 @@ impl FieldSelector {
     }
 }
 
+pub(crate) fn owner_uids(value: &serde_json::Value) -> impl Iterator<Item = &str> {
+    value["metadata"]["ownerReferences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["uid"].as_str())
+}
+
+pub(crate) fn is_foreground_deleting(value: &serde_json::Value) -> bool {
+    value["metadata"]["finalizers"]
+        .as_array()
+        .is_some_and(|f| f.iter().any(|f| f == "foregroundDeletion"))
+        && value["metadata"].get("deletionTimestamp").is_some()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
