@@ -19,7 +19,9 @@
 
 #![forbid(unsafe_code)]
 
+mod collections;
 pub mod error;
+mod fake;
 mod gc;
 mod prepare;
 pub mod protobuf;
@@ -41,7 +43,7 @@ use axum::body::Bytes;
 use axum::http::{HeaderMap, Method, Uri};
 use tokio::net::TcpListener;
 
-pub use server::Fake;
+pub use fake::Fake;
 pub use state::{FaultAction, FaultRule, RequestRecord, INGRESS_ADDRESS};
 
 /// Options of a fake API server.
