@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use sqlx::Connection as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use crate::{Args, Backend};
+use crate::args::{Args, Backend};
 
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
