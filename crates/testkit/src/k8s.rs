@@ -194,13 +194,23 @@ impl ControlPlane {
             namespaces: AtomicUsize::new(0),
             dir: dir.clone(),
         };
+        plane.spawn_etcd_and_apiserver(port);
+        plane.wait_ready(started);
+        plane.spawn_controllers();
+        plane.add_kwok_node();
+        eprintln!("control plane at {} ready in {:?}", plane.url, started.elapsed());
+        plane
+    }
+
+    /// etcd and kube-apiserver (TLS on `port`, tokens, RBAC, audit log).
+    fn spawn_etcd_and_apiserver(&mut self, port: u16) {
         let (etcd_client, etcd_peer) = (free_port(), free_port());
         let etcd_url = format!("http://127.0.0.1:{etcd_client}");
-        plane.spawn(
+        self.spawn(
             "etcd",
             &[
                 "--name=default".into(),
-                format!("--data-dir={}", path("etcd").display()),
+                format!("--data-dir={}", self.dir.join("etcd").display()),
                 format!("--listen-client-urls={etcd_url}"),
                 format!("--advertise-client-urls={etcd_url}"),
                 format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"),
@@ -210,27 +220,27 @@ impl ControlPlane {
                 "--log-level=warn".into(),
             ],
         );
-        plane.spawn(
+        self.spawn(
             "kube-apiserver",
             &[
                 format!("--etcd-servers={etcd_url}"),
                 format!("--secure-port={port}"),
                 "--bind-address=127.0.0.1".into(),
                 "--advertise-address=127.0.0.1".into(),
-                format!("--cert-dir={}", path("apiserver-certs").display()),
-                format!("--tls-cert-file={}", path("apiserver.crt").display()),
-                format!("--tls-private-key-file={}", path("apiserver.key").display()),
-                format!("--client-ca-file={}", path("ca.crt").display()),
-                format!("--token-auth-file={}", path("tokens.csv").display()),
+                format!("--cert-dir={}", self.dir.join("apiserver-certs").display()),
+                format!("--tls-cert-file={}", self.dir.join("apiserver.crt").display()),
+                format!("--tls-private-key-file={}", self.dir.join("apiserver.key").display()),
+                format!("--client-ca-file={}", self.dir.join("ca.crt").display()),
+                format!("--token-auth-file={}", self.dir.join("tokens.csv").display()),
                 "--authorization-mode=RBAC".into(),
                 "--anonymous-auth=false".into(),
                 "--service-account-issuer=https://kubernetes.default.svc".into(),
-                format!("--service-account-key-file={}", path("sa.pub").display()),
-                format!("--service-account-signing-key-file={}", path("sa.key").display()),
+                format!("--service-account-key-file={}", self.dir.join("sa.pub").display()),
+                format!("--service-account-signing-key-file={}", self.dir.join("sa.key").display()),
                 // Room for a benchmark fleet of Services (gantry-bench --cluster real).
                 "--service-cluster-ip-range=10.0.0.0/16".into(),
-                format!("--audit-policy-file={}", path("audit-policy.yaml").display()),
-                format!("--audit-log-path={}", path("audit.log").display()),
+                format!("--audit-policy-file={}", self.dir.join("audit-policy.yaml").display()),
+                format!("--audit-log-path={}", self.dir.join("audit.log").display()),
                 "--audit-log-mode=blocking".into(),
                 "--enable-priority-and-fairness=false".into(),
                 // ConfigMaps are watched straight from etcd, whose history
@@ -241,27 +251,31 @@ impl ControlPlane {
                 "--profiling=false".into(),
             ],
         );
-        plane.wait_ready(started);
-        let admin = plane.admin_kubeconfig.display().to_string();
-        plane.spawn(
-            "kube-controller-manager",
-            &[
-                format!("--kubeconfig={admin}"),
-                format!("--authentication-kubeconfig={admin}"),
-                format!("--authorization-kubeconfig={admin}"),
-                "--controllers=deployment-controller,replicaset-controller,garbage-collector-controller,namespace-controller,serviceaccount-controller,persistentvolume-binder-controller".into(),
-                "--leader-elect=false".into(),
-                "--bind-address=127.0.0.1".into(),
-                format!("--secure-port={}", free_port()),
-                format!("--cert-dir={}", path("kcm-certs").display()),
-                format!("--root-ca-file={}", path("ca.crt").display()),
-                "--use-service-account-credentials=false".into(),
-                "--concurrent-deployment-syncs=10".into(),
-                "--concurrent-replicaset-syncs=10".into(),
-                "--profiling=false".into(),
-            ],
-        );
-        plane.spawn(
+    }
+
+    /// kube-controller-manager (deployments, replica sets, garbage
+    /// collection, namespaces, service accounts), kube-scheduler and kwok.
+    fn spawn_controllers(&mut self) {
+        let admin = self.admin_kubeconfig.display().to_string();
+        self.spawn(
+        "kube-controller-manager",
+        &[
+            format!("--kubeconfig={admin}"),
+            format!("--authentication-kubeconfig={admin}"),
+            format!("--authorization-kubeconfig={admin}"),
+            "--controllers=deployment-controller,replicaset-controller,garbage-collector-controller,namespace-controller,serviceaccount-controller,persistentvolume-binder-controller".into(),
+            "--leader-elect=false".into(),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={}", free_port()),
+            format!("--cert-dir={}", self.dir.join("kcm-certs").display()),
+            format!("--root-ca-file={}", self.dir.join("ca.crt").display()),
+            "--use-service-account-credentials=false".into(),
+            "--concurrent-deployment-syncs=10".into(),
+            "--concurrent-replicaset-syncs=10".into(),
+            "--profiling=false".into(),
+        ],
+    );
+        self.spawn(
             "kube-scheduler",
             &[
                 format!("--kubeconfig={admin}"),
@@ -270,11 +284,11 @@ impl ControlPlane {
                 "--leader-elect=false".into(),
                 "--bind-address=127.0.0.1".into(),
                 format!("--secure-port={}", free_port()),
-                format!("--cert-dir={}", path("scheduler-certs").display()),
+                format!("--cert-dir={}", self.dir.join("scheduler-certs").display()),
                 "--profiling=false".into(),
             ],
         );
-        plane.spawn(
+        self.spawn(
             "kwok",
             &[
                 format!("--kubeconfig={admin}"),
@@ -285,6 +299,10 @@ impl ControlPlane {
                 "--node-ip=10.1.0.1".into(),
             ],
         );
+    }
+
+    /// kwok's node, Ready and without the not-ready taint.
+    fn add_kwok_node(&self) {
         let node = serde_json::json!({
             "apiVersion": "v1", "kind": "Node",
             "metadata": {"name": "kwok-node-0", "labels": {"type": "kwok"},
@@ -292,8 +310,8 @@ impl ControlPlane {
             "status": {"allocatable": {"cpu": "1k", "memory": "1Ti", "pods": "20k"},
                         "capacity": {"cpu": "1k", "memory": "1Ti", "pods": "20k"}},
         });
-        plane.kubectl_stdin(&["apply", "-f", "-"], &node.to_string());
-        plane.wait_for(
+        self.kubectl_stdin(&["apply", "-f", "-"], &node.to_string());
+        self.wait_for(
             "the kwok node to be Ready",
             Duration::from_secs(60),
             &[
@@ -307,14 +325,7 @@ impl ControlPlane {
         );
         // The API server taints a new node not-ready; the node lifecycle
         // controller (not run: kwok nodes send no heartbeats) would lift it.
-        plane.kubectl(&[
-            "taint",
-            "node",
-            "kwok-node-0",
-            "node.kubernetes.io/not-ready:NoSchedule-",
-        ]);
-        eprintln!("control plane at {} ready in {:?}", plane.url, started.elapsed());
-        plane
+        self.kubectl(&["taint", "node", "kwok-node-0", "node.kubernetes.io/not-ready:NoSchedule-"]);
     }
 
     fn spawn(&mut self, name: &str, args: &[String]) {
