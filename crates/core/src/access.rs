@@ -10,7 +10,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::RuleError;
+use crate::error::RuleError;
 
 /// The role a bearer token grants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

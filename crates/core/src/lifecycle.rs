@@ -8,10 +8,10 @@ use prost_types::Timestamp;
 
 use crate::access::{parse_update_mask, FieldPath, Role};
 use crate::canonical::{canonical_spec, spec_changed};
+use crate::error::RuleError;
 use crate::error::Violations;
 use crate::status;
 use crate::validation;
-use crate::RuleError;
 
 /// What a write does to the stored row.
 #[derive(Debug, Clone, PartialEq)]

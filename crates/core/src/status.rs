@@ -4,7 +4,7 @@
 use gantry_api::v1::{Condition, ConditionStatus, Phase, ProvisioningStep, StepState};
 use prost_types::Timestamp;
 
-use crate::RuleError;
+use crate::error::RuleError;
 
 /// Longest status text (message, a condition's or a step's message) the
 /// store accepts, in bytes.

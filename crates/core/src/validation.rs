@@ -40,14 +40,14 @@ pub const GATEWAY: &str = "gateway";
 
 /// Checks the name of a new gateway: an RFC 1035 label, because its
 /// Service is named after it.
-pub fn validate_new_name(field: &str, name: &str) -> Result<(), crate::RuleError> {
-    syntax::dns1035_label(name).map_err(|d| crate::RuleError::invalid(field, d))
+pub fn validate_new_name(field: &str, name: &str) -> Result<(), crate::error::RuleError> {
+    syntax::dns1035_label(name).map_err(|d| crate::error::RuleError::invalid(field, d))
 }
 
 /// Checks a name to look up (RFC 1123 label, so that gateways created
 /// before names had to start with a letter can still be read and deleted).
-pub fn validate_name(field: &str, name: &str) -> Result<(), crate::RuleError> {
-    syntax::dns1123_label(name).map_err(|d| crate::RuleError::invalid(field, d))
+pub fn validate_name(field: &str, name: &str) -> Result<(), crate::error::RuleError> {
+    syntax::dns1123_label(name).map_err(|d| crate::error::RuleError::invalid(field, d))
 }
 
 fn check(violations: &mut Violations, field: impl FnOnce() -> String, result: Result<(), String>) {
@@ -261,7 +261,9 @@ mod tests {
         validate_spec(&mut v, Some(spec));
         match v.into_result() {
             Ok(()) => vec![],
-            Err(crate::RuleError::Invalid(list)) => list.into_iter().map(|f| f.field).collect(),
+            Err(crate::error::RuleError::Invalid(list)) => {
+                list.into_iter().map(|f| f.field).collect()
+            }
             Err(other) => panic!("{other}"),
         }
     }
@@ -380,7 +382,7 @@ mod tests {
         };
         validate_metadata(&mut v, &meta);
         let err = v.into_result().unwrap_err();
-        let crate::RuleError::Invalid(list) = err else { panic!() };
+        let crate::error::RuleError::Invalid(list) = err else { panic!() };
         let fields: Vec<_> = list.iter().map(|f| f.field.as_str()).collect();
         assert_eq!(
             fields,
