@@ -86,35 +86,24 @@ pub fn documents(paths: &[String], recursive: bool) -> Vec<Result<GatewayDoc, (S
 
 /// A private scratch directory, removed when dropped.
 #[derive(Debug)]
-pub struct Scratch(PathBuf);
+pub struct Scratch(tempfile::TempDir);
 
 impl Scratch {
     pub fn new(label: &str) -> Result<Scratch, CtlError> {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let dir =
-            std::env::temp_dir().join(format!("gatewayctl-{label}-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| msg(format!("cannot create {}: {e}", dir.display())))?;
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("gatewayctl-{label}-"))
+            .tempdir()
+            .map_err(|e| msg(format!("cannot create a scratch directory: {e}")))?;
         Ok(Scratch(dir))
     }
 
     pub fn path(&self) -> &Path {
-        &self.0
+        self.0.path()
     }
 
     /// Keeps the directory (and what is in it) after the command.
     pub fn keep(self) -> PathBuf {
-        let dir = self.0.clone();
-        std::mem::forget(self);
-        dir
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        self.0.keep()
     }
 }
 

@@ -1,75 +1,22 @@
-//! Small helpers: RFC 3339 timestamps, query strings, label and field
+//! Small helpers: timestamps, query strings, label and field
 //! selectors as the Kubernetes API server understands them.
 
 use std::collections::BTreeMap;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// `2026-01-02T03:04:05Z` for now.
 pub fn now_rfc3339() -> String {
-    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    rfc3339(secs)
+    rfc3339(u64::try_from(jiff::Timestamp::now().as_second()).unwrap_or(0))
 }
 
-/// RFC 3339 (UTC, seconds) for seconds since the epoch.
+/// RFC 3339 (UTC, whole seconds) for seconds since the epoch.
 pub fn rfc3339(secs: u64) -> String {
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
-/// Decodes `%XX` and `+` in a query component.
-pub fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3])
-                    .ok()
-                    .and_then(|h| u8::from_str_radix(h, 16).ok());
-                match hex {
-                    Some(b) => {
-                        out.push(b);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    let secs = i64::try_from(secs).unwrap_or(i64::MAX);
+    jiff::Timestamp::from_second(secs).unwrap_or(jiff::Timestamp::MAX).to_string()
 }
 
 /// Query parameters, decoded; the last value of a repeated key wins.
 pub fn parse_query(query: Option<&str>) -> BTreeMap<String, String> {
-    query
-        .unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| match p.split_once('=') {
-            Some((k, v)) => (percent_decode(k), percent_decode(v)),
-            None => (percent_decode(p), String::new()),
-        })
-        .collect()
+    form_urlencoded::parse(query.unwrap_or("").as_bytes()).into_owned().collect()
 }
 
 /// One requirement of a label selector.

@@ -17,13 +17,6 @@ pub enum TargetKind {
     Directory,
 }
 
-/// Log format.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogFormat {
-    Pretty,
-    Json,
-}
-
 /// Converges every Gateway in gateway-store onto Kubernetes or a directory.
 #[derive(Parser, Clone, Debug)]
 #[command(
@@ -164,18 +157,8 @@ pub struct Config {
     )]
     pub supervisor_image: String,
 
-    /// Log format.
-    #[arg(long, env = "GANTRY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
-    pub log_format: LogFormat,
-
-    /// Log filter, in tracing's EnvFilter syntax.
-    #[arg(long, env = "GANTRY_LOG", default_value = "info")]
-    pub log_level: String,
-
-    /// OTLP/gRPC endpoint to export traces to (e.g. http://collector:4317);
-    /// traces are off when it is not set.
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
-    pub otlp_endpoint: Option<String>,
+    #[command(flatten)]
+    pub log: gantry_telemetry::LogArgs,
 }
 
 impl Config {

@@ -30,7 +30,7 @@ use gantry_client::ClientConfig;
 use gantry_core::recovery::RecoveryPolicy;
 use gantry_core::retry::Backoff;
 
-use crate::config::{Config, LogFormat, TargetKind};
+use crate::config::{Config, TargetKind};
 use crate::controller::{Controller, Settings};
 use crate::metrics::Metrics;
 use crate::render::RenderSettings;
@@ -197,18 +197,4 @@ fn default_identity() -> String {
         .or_else(|| std::fs::read_to_string("/etc/hostname").ok().map(|h| h.trim().to_string()))
         .unwrap_or_else(|| "gateway-reconciler".into());
     format!("{host}-{}", std::process::id())
-}
-
-/// Installs the tracing subscriber for the binary.
-pub fn init_logging(
-    config: &Config,
-) -> Result<gantry_telemetry::Telemetry, gantry_telemetry::TelemetryError> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&config.log_level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let style = match config.log_format {
-        LogFormat::Json => gantry_telemetry::LogStyle::Json,
-        LogFormat::Pretty => gantry_telemetry::LogStyle::Pretty,
-    };
-    let otlp = gantry_telemetry::otlp_endpoint(config.otlp_endpoint.as_deref());
-    gantry_telemetry::init("gateway-reconciler", filter, style, otlp.as_deref())
 }

@@ -15,7 +15,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() -> ExitCode {
     let config = Config::parse();
     // Kept until the end: dropping it flushes the traces.
-    let _telemetry = match gantry_reconciler::init_logging(&config) {
+    let _telemetry = match config.log.init("gateway-reconciler") {
         Ok(telemetry) => telemetry,
         Err(e) => {
             eprintln!("gateway-reconciler: {e}");

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, ValueEnum};
+use clap::{Args, Parser};
 
 /// The desired-state store for Gateways.
 #[derive(Parser, Clone)]
@@ -50,7 +50,7 @@ pub struct Config {
     pub limits: LimitArgs,
 
     #[command(flatten)]
-    pub log: LogArgs,
+    pub log: gantry_telemetry::LogArgs,
 }
 
 /// Watch and event-history flags.
@@ -157,32 +157,6 @@ pub struct TlsArgs {
     /// PEM private key matching --tls-cert.
     #[arg(long, env = "GANTRY_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
-}
-
-/// Logging flags.
-#[derive(Args, Clone, Debug)]
-pub struct LogArgs {
-    /// Log format.
-    #[arg(long, env = "GANTRY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
-    pub log_format: LogFormat,
-
-    /// Log filter, in tracing's EnvFilter syntax.
-    #[arg(long, env = "GANTRY_LOG", default_value = "info")]
-    pub log_level: String,
-
-    /// OTLP/gRPC endpoint to export traces to (e.g. http://collector:4317);
-    /// traces are off when it is not set.
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
-    pub otlp_endpoint: Option<String>,
-}
-
-/// How logs are written.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Pretty,
-    /// One JSON object per line.
-    Json,
 }
 
 impl Config {

@@ -59,17 +59,3 @@ pub async fn run(
     let http = bind(config.http_listen).await?;
     serve(settings, grpc, http, shutdown).await
 }
-
-/// Installs the tracing subscriber for a binary.
-pub fn init_logging(
-    args: &config::LogArgs,
-) -> Result<gantry_telemetry::Telemetry, gantry_telemetry::TelemetryError> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let style = match args.log_format {
-        config::LogFormat::Json => gantry_telemetry::LogStyle::Json,
-        config::LogFormat::Pretty => gantry_telemetry::LogStyle::Pretty,
-    };
-    let otlp = gantry_telemetry::otlp_endpoint(args.otlp_endpoint.as_deref());
-    gantry_telemetry::init("gateway-store", filter, style, otlp.as_deref())
-}

@@ -9,7 +9,7 @@ use gantry_store::config::Config;
 async fn main() -> ExitCode {
     let config = Config::parse();
     // Kept until the end: dropping it flushes the traces.
-    let _telemetry = match gantry_store::init_logging(&config.log) {
+    let _telemetry = match config.log.init("gateway-store") {
         Ok(telemetry) => telemetry,
         Err(e) => {
             eprintln!("gateway-store: {e}");

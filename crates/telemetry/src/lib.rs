@@ -14,8 +14,10 @@
 
 #![forbid(unsafe_code)]
 
+pub mod log_args;
 pub mod shutdown;
 
+pub use log_args::{LogArgs, LogFormat};
 pub use shutdown::Shutdown;
 
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
