@@ -1,36 +1,20 @@
-//! `/healthz`, `/readyz` (the store is listed and its watch is up) and
-//! `/metrics`.
+//! What the reconciler answers on its admin port (the runtime's router):
+//! `/readyz` when the store is listed and its watch is up (and the
+//! target's watches have listed), `/metrics` with the gauges refreshed.
+//! It reads the controller's [`State`] only.
 
-use std::sync::Arc;
-
-use axum::extract::State as Shared;
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::Router;
+use gantry_telemetry::admin::Admin;
 
 use crate::controller::State;
 
-/// The router of the HTTP port.
-pub fn router(state: Arc<State>) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .with_state(state)
-}
-
-async fn readyz(Shared(state): Shared<Arc<State>>) -> impl IntoResponse {
-    match state.readiness() {
-        Ok(()) => (StatusCode::OK, "ok\n".to_string()),
-        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {reason}\n")),
+#[tonic::async_trait]
+impl Admin for State {
+    async fn readiness(&self) -> Result<(), String> {
+        State::readiness(self).map_err(|reason| format!("not ready: {reason}"))
     }
-}
 
-async fn metrics(Shared(state): Shared<Arc<State>>) -> impl IntoResponse {
-    state.update_gauges();
-    (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-        state.metrics.encode(),
-    )
+    fn metrics(&self) -> String {
+        self.update_gauges();
+        self.metrics.encode()
+    }
 }

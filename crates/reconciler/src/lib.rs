@@ -157,7 +157,7 @@ pub async fn run(
         .await
         .map_err(|source| RunError::Bind { addr: config.http_listen.to_string(), source })?;
     let shutdown = gantry_telemetry::Shutdown::on(shutdown);
-    let http = axum::serve(listener, http::router(controller.state()))
+    let http = axum::serve(listener, gantry_telemetry::admin::router(controller.state()))
         .with_graceful_shutdown(shutdown.wait());
     tracing::info!(store = %config.store, target = ?config.target, http = %config.http_listen, "gateway-reconciler running");
     let (leading_tx, leading) = tokio::sync::watch::channel(!config.leader_elect);

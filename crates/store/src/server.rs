@@ -16,6 +16,7 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 use crate::error::ServeError;
 use crate::grpc::conn::{self, ActiveCallsLayer, Connections};
 use crate::grpc::{auth, errors, GatewayApi};
+use crate::http::StoreAdmin;
 use crate::metrics::Metrics;
 use crate::settings::Settings;
 use crate::watch::hub::{HubLimits, WatchHub};
@@ -126,7 +127,11 @@ pub async fn serve(
         axum::serve::ListenerExt::tap_io(http, |tcp| {
             let _ = tcp.set_nodelay(true);
         }),
-        crate::http::router(settings.storage.clone(), metrics, core.hub.clone()),
+        gantry_telemetry::admin::router(Arc::new(StoreAdmin {
+            storage: settings.storage.clone(),
+            metrics,
+            hub: core.hub.clone(),
+        })),
     )
     .with_graceful_shutdown(shutdown.wait());
     tracing::info!(grpc = ?grpc_addr, http = ?http_addr, tls = settings.tls.is_some(), "gateway-store serving");

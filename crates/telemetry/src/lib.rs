@@ -1,6 +1,7 @@
 //! The runtime every gantry process shares: logs and traces set up the
-//! same way, and one [`Shutdown`] with one signal handler
-//! ([`shutdown::signal`]).
+//! same way ([`LogArgs`]), one [`Shutdown`] with one signal handler
+//! ([`shutdown::signal`]), and the admin port (`admin::router`:
+//! `/healthz`, `/readyz`, `/metrics`).
 //!
 //! Logs go to stderr (human or JSON; colour only on a terminal). Traces are
 //! off unless an OTLP endpoint is given (`--otlp-endpoint`, or the standard
@@ -14,6 +15,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod log_args;
 pub mod shutdown;
 
