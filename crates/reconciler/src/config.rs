@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::{Args, Parser, ValueEnum};
 use gantry_core::duration::parse_duration;
 
 /// Where manifests go.
@@ -28,6 +28,33 @@ pub enum TargetKind {
         gateway-reconciler --store https://gateway-store:50051 --store-ca ca.pem --token-file /var/run/gantry/token --target kube --namespace gateways"
 )]
 pub struct Config {
+    /// Address of /healthz, /readyz and /metrics.
+    #[arg(long, env = "GANTRY_RECONCILER_HTTP_LISTEN", default_value = "127.0.0.1:9091")]
+    pub http_listen: SocketAddr,
+
+    #[command(flatten)]
+    pub gateway_store: StoreArgs,
+
+    #[command(flatten)]
+    pub manifests: TargetArgs,
+
+    #[command(flatten)]
+    pub render: RenderArgs,
+
+    #[command(flatten)]
+    pub control: LoopArgs,
+
+    #[command(flatten)]
+    pub leader: LeaderArgs,
+
+    #[command(flatten)]
+    pub log: gantry_telemetry::LogArgs,
+}
+
+/// How to reach gateway-store.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Store")]
+pub struct StoreArgs {
     /// gRPC URL of gateway-store.
     #[arg(long, env = "GANTRY_STORE", default_value = "http://127.0.0.1:50051")]
     pub store: String,
@@ -39,7 +66,12 @@ pub struct Config {
     /// PEM CA certificate to trust for an https:// store.
     #[arg(long, env = "GANTRY_STORE_CA")]
     pub store_ca: Option<PathBuf>,
+}
 
+/// Where manifests go.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Target")]
+pub struct TargetArgs {
     /// Where manifests go.
     #[arg(long, env = "GANTRY_TARGET", value_enum, default_value_t = TargetKind::Directory)]
     pub target: TargetKind,
@@ -55,6 +87,15 @@ pub struct Config {
     #[arg(long, env = "GANTRY_NAMESPACE", default_value = "default")]
     pub namespace: String,
 
+    /// Directory for --target directory.
+    #[arg(long, env = "GANTRY_DIRECTORY", default_value = "gantry-manifests")]
+    pub directory: PathBuf,
+}
+
+/// What the rendered objects carry.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Rendering")]
+pub struct RenderArgs {
     /// Prefix of the names of every object derived from a gateway
     /// (`<prefix><gateway>`), for clusters with naming rules.
     #[arg(long, env = "GANTRY_NAME_PREFIX", default_value = "")]
@@ -76,19 +117,30 @@ pub struct Config {
     #[arg(long, env = "GANTRY_SUPERVISOR_RESOURCES", default_value = crate::render::DEFAULT_SUPERVISOR_RESOURCES, value_parser = crate::render::Resources::parse)]
     pub supervisor_resources: crate::render::Resources,
 
+    /// Supervisor image for gateways that do not name one.
+    #[arg(
+        long,
+        env = "GANTRY_SUPERVISOR_IMAGE",
+        default_value = "ghcr.io/gantry-dev/supervisor:0.1.0"
+    )]
+    pub supervisor_image: String,
+
+    /// How long a rollout may make no progress before its Deployment reports
+    /// ProgressDeadlineExceeded and the gateway turns DEGRADED (whole
+    /// seconds, at least 1s).
+    #[arg(long, env = "GANTRY_PROGRESS_DEADLINE", default_value = "10m", value_parser = parse_progress_deadline)]
+    pub progress_deadline: Duration,
+
     /// How long a route may wait for a load-balancer address on its Ingress
     /// before the gateway is DEGRADED.
     #[arg(long, env = "GANTRY_ROUTE_DEADLINE", default_value = "10m", value_parser = parse_duration)]
     pub route_deadline: Duration,
+}
 
-    /// Directory for --target directory.
-    #[arg(long, env = "GANTRY_DIRECTORY", default_value = "gantry-manifests")]
-    pub directory: PathBuf,
-
-    /// Address of /healthz, /readyz and /metrics.
-    #[arg(long, env = "GANTRY_RECONCILER_HTTP_LISTEN", default_value = "127.0.0.1:9091")]
-    pub http_listen: SocketAddr,
-
+/// How often and how hard the control loop works.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Control loop")]
+pub struct LoopArgs {
     /// Gateways reconciled at once.
     #[arg(long, env = "GANTRY_CONCURRENCY", default_value_t = 16)]
     pub concurrency: usize,
@@ -96,6 +148,10 @@ pub struct Config {
     /// Every gateway is re-checked about this often (jittered).
     #[arg(long, env = "GANTRY_SYNC_PERIOD", default_value = "5m", value_parser = parse_duration)]
     pub sync_period: Duration,
+
+    /// Re-check interval while a rollout is in progress or stalled.
+    #[arg(long, env = "GANTRY_POLL_INTERVAL", default_value = "2s", value_parser = parse_duration)]
+    pub poll_interval: Duration,
 
     /// Apply attempts per generation before a gateway is FAILED.
     #[arg(long, env = "GANTRY_RETRY_BUDGET", default_value_t = 5)]
@@ -109,11 +165,12 @@ pub struct Config {
     /// First backoff after a failed apply (it doubles per attempt).
     #[arg(long, env = "GANTRY_RETRY_BACKOFF", default_value = "1s", value_parser = parse_duration)]
     pub retry_backoff: Duration,
+}
 
-    /// Re-check interval while a rollout is in progress or stalled.
-    #[arg(long, env = "GANTRY_POLL_INTERVAL", default_value = "2s", value_parser = parse_duration)]
-    pub poll_interval: Duration,
-
+/// Leader election among replicas.
+#[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Leader election")]
+pub struct LeaderArgs {
     /// Elect one leader among replicas through a coordination.k8s.io Lease
     /// (needs a cluster: in-cluster config or --kubeconfig); only the leader
     /// reconciles.
@@ -142,23 +199,6 @@ pub struct Config {
     /// This replica's identity in the Lease (default: host name and pid).
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
-
-    /// How long a rollout may make no progress before its Deployment reports
-    /// ProgressDeadlineExceeded and the gateway turns DEGRADED (whole
-    /// seconds, at least 1s).
-    #[arg(long, env = "GANTRY_PROGRESS_DEADLINE", default_value = "10m", value_parser = parse_progress_deadline)]
-    pub progress_deadline: Duration,
-
-    /// Supervisor image for gateways that do not name one.
-    #[arg(
-        long,
-        env = "GANTRY_SUPERVISOR_IMAGE",
-        default_value = "ghcr.io/gantry-dev/supervisor:0.1.0"
-    )]
-    pub supervisor_image: String,
-
-    #[command(flatten)]
-    pub log: gantry_telemetry::LogArgs,
 }
 
 impl Config {
@@ -172,20 +212,20 @@ impl Config {
                 Ok(())
             }
         };
-        at_least("--sync-period", self.sync_period, Duration::from_secs(1))?;
-        at_least("--poll-interval", self.poll_interval, Duration::from_millis(50))?;
-        at_least("--failed-retry-floor", self.failed_retry_floor, Duration::from_secs(1))?;
-        at_least("--retry-backoff", self.retry_backoff, Duration::from_millis(10))?;
-        at_least("--route-deadline", self.route_deadline, Duration::from_secs(1))?;
-        at_least("--lease-duration", self.lease_duration, Duration::from_secs(2))?;
-        if self.concurrency == 0 {
+        at_least("--sync-period", self.control.sync_period, Duration::from_secs(1))?;
+        at_least("--poll-interval", self.control.poll_interval, Duration::from_millis(50))?;
+        at_least("--failed-retry-floor", self.control.failed_retry_floor, Duration::from_secs(1))?;
+        at_least("--retry-backoff", self.control.retry_backoff, Duration::from_millis(10))?;
+        at_least("--route-deadline", self.render.route_deadline, Duration::from_secs(1))?;
+        at_least("--lease-duration", self.leader.lease_duration, Duration::from_secs(2))?;
+        if self.control.concurrency == 0 {
             return Err("--concurrency must be at least 1".into());
         }
         let renew = self.renew_deadline();
-        if renew >= self.lease_duration || renew < self.retry_period() * 2 {
+        if renew >= self.leader.lease_duration || renew < self.retry_period() * 2 {
             return Err(format!(
                 "--renew-deadline {renew:?} must be shorter than --lease-duration {:?} and at least twice the retry period {:?}",
-                self.lease_duration,
+                self.leader.lease_duration,
                 self.retry_period()
             ));
         }
@@ -194,12 +234,12 @@ impl Config {
 
     /// The renew deadline of the leader election.
     pub fn renew_deadline(&self) -> Duration {
-        self.renew_deadline.unwrap_or(self.lease_duration * 2 / 3)
+        self.leader.renew_deadline.unwrap_or(self.leader.lease_duration * 2 / 3)
     }
 
     /// How often the leader renews and candidates retry.
     pub fn retry_period(&self) -> Duration {
-        (self.lease_duration / 8).max(Duration::from_millis(100))
+        (self.leader.lease_duration / 8).max(Duration::from_millis(100))
     }
 }
 
@@ -239,7 +279,8 @@ mod tests {
         }
         let c = config(&["--lease-duration", "15s"]);
         assert!(
-            c.renew_deadline() < c.lease_duration && c.retry_period() * 2 <= c.renew_deadline()
+            c.renew_deadline() < c.leader.lease_duration
+                && c.retry_period() * 2 <= c.renew_deadline()
         );
     }
 }

@@ -69,28 +69,28 @@ fn read(what: &'static str, path: &std::path::Path) -> Result<Vec<u8>, RunError>
 pub fn settings(config: &Config) -> Settings {
     Settings {
         render: RenderSettings {
-            namespace: config.namespace.clone(),
-            default_supervisor_image: config.supervisor_image.clone(),
-            progress_deadline: config.progress_deadline,
-            name_prefix: config.name_prefix.clone(),
-            ingress_class: config.ingress_class.clone(),
-            gateway_resources: config.gateway_resources.clone(),
-            supervisor_resources: config.supervisor_resources.clone(),
+            namespace: config.manifests.namespace.clone(),
+            default_supervisor_image: config.render.supervisor_image.clone(),
+            progress_deadline: config.render.progress_deadline,
+            name_prefix: config.render.name_prefix.clone(),
+            ingress_class: config.render.ingress_class.clone(),
+            gateway_resources: config.render.gateway_resources.clone(),
+            supervisor_resources: config.render.supervisor_resources.clone(),
         },
         policy: RecoveryPolicy {
-            budget: config.retry_budget,
-            backoff: Backoff { initial: config.retry_backoff, ..Backoff::default() },
-            sync_period: config.sync_period,
-            failed_window_floor: config.failed_retry_floor,
+            budget: config.control.retry_budget,
+            backoff: Backoff { initial: config.control.retry_backoff, ..Backoff::default() },
+            sync_period: config.control.sync_period,
+            failed_window_floor: config.control.failed_retry_floor,
         },
-        concurrency: config.concurrency,
-        sync_period: config.sync_period,
-        poll_interval: config.poll_interval,
+        concurrency: config.control.concurrency,
+        sync_period: config.control.sync_period,
+        poll_interval: config.control.poll_interval,
     }
 }
 
 async fn kube_client(config: &Config, identity: &str) -> Result<kube::Client, RunError> {
-    let mut kube_config = match &config.kubeconfig {
+    let mut kube_config = match &config.manifests.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
                 .map_err(|e| RunError::Kubeconfig(e.to_string()))?;
@@ -117,39 +117,46 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
     config.validate().map_err(RunError::Flags)?;
-    if let Some(path) = &config.token_file {
+    if let Some(path) = &config.gateway_store.token_file {
         // Checked once at start so a wrong path fails fast; afterwards the
         // client reads the file again whenever it changes.
         read("token file", path)?;
     }
-    let ca_pem = config.store_ca.as_deref().map(|p| read("store CA", p)).transpose()?;
+    let ca_pem =
+        config.gateway_store.store_ca.as_deref().map(|p| read("store CA", p)).transpose()?;
     let client = ClientConfig {
-        endpoint: config.store.clone(),
-        token_file: config.token_file.clone(),
+        endpoint: config.gateway_store.store.clone(),
+        token_file: config.gateway_store.token_file.clone(),
         ca_pem,
         ..Default::default()
     }
     .connect_lazy()?;
     let store = Arc::new(crate::store::GrpcStore::new(client));
-    let identity = config.identity.clone().unwrap_or_else(default_identity);
-    let fence =
-        if config.leader_elect { leader::Fence::elected() } else { leader::Fence::default() };
-    let kube = if config.target == TargetKind::Kube || config.leader_elect {
+    let identity = config.leader.identity.clone().unwrap_or_else(default_identity);
+    let fence = if config.leader.leader_elect {
+        leader::Fence::elected()
+    } else {
+        leader::Fence::default()
+    };
+    let kube = if config.manifests.target == TargetKind::Kube || config.leader.leader_elect {
         Some(kube_client(&config, &identity).await?)
     } else {
         None
     };
-    let target: Arc<dyn Target> = match (&config.target, &kube) {
+    let target: Arc<dyn Target> = match (&config.manifests.target, &kube) {
         (TargetKind::Kube, Some(client)) => {
             let settings = KubeSettings {
-                relist_period: config.sync_period,
-                route_deadline: config.route_deadline,
+                relist_period: config.control.sync_period,
+                route_deadline: config.render.route_deadline,
             };
-            let target =
-                KubeTarget::with_settings(client.clone(), config.namespace.clone(), settings);
+            let target = KubeTarget::with_settings(
+                client.clone(),
+                config.manifests.namespace.clone(),
+                settings,
+            );
             Arc::new(target.with_fence(fence.clone()))
         }
-        _ => Arc::new(DirectoryTarget::new(config.directory.clone())),
+        _ => Arc::new(DirectoryTarget::new(config.manifests.directory.clone())),
     };
     let controller =
         Controller::new(store, target, settings(&config), Arc::new(Metrics::default()));
@@ -159,17 +166,20 @@ pub async fn run(
     let shutdown = gantry_telemetry::Shutdown::on(shutdown);
     let http = axum::serve(listener, gantry_telemetry::admin::router(controller.state()))
         .with_graceful_shutdown(shutdown.wait());
-    tracing::info!(store = %config.store, target = ?config.target, http = %config.http_listen, "gateway-reconciler running");
-    let (leading_tx, leading) = tokio::sync::watch::channel(!config.leader_elect);
-    let election = match (&kube, config.leader_elect) {
+    tracing::info!(store = %config.gateway_store.store, target = ?config.manifests.target, http = %config.http_listen, "gateway-reconciler running");
+    let (leading_tx, leading) = tokio::sync::watch::channel(!config.leader.leader_elect);
+    let election = match (&kube, config.leader.leader_elect) {
         (Some(client), true) => {
-            let lease_namespace =
-                config.lease_namespace.clone().unwrap_or_else(|| config.namespace.clone());
+            let lease_namespace = config
+                .leader
+                .lease_namespace
+                .clone()
+                .unwrap_or_else(|| config.manifests.namespace.clone());
             let settings = leader::ElectionSettings {
-                lease_name: config.lease_name.clone(),
+                lease_name: config.leader.lease_name.clone(),
                 namespace: lease_namespace.clone(),
                 identity,
-                lease_duration: config.lease_duration,
+                lease_duration: config.leader.lease_duration,
                 renew_deadline: config.renew_deadline(),
                 retry_period: config.retry_period(),
                 fence,

@@ -7,6 +7,7 @@ use crate::{init, otlp_endpoint, LogStyle, Telemetry, TelemetryError};
 
 /// Logging and tracing flags (flattened into each service's flags).
 #[derive(Args, Clone, Debug)]
+#[command(next_help_heading = "Logging and tracing")]
 pub struct LogArgs {
     /// Log format.
     #[arg(long, env = "GANTRY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Pretty)]
