@@ -26,8 +26,11 @@ pub struct PhaseLabels {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    /// Reconcile passes by outcome (applied, observed, unchanged, waiting,
-    /// failed, deleted, status_conflict, error).
+    /// Reconcile passes by outcome: a finished pass's
+    /// `controller::Outcome::as_str()` (applied, observed, unchanged,
+    /// waiting, failed, deleting, deleted) or a failed pass's
+    /// `ReconcileError::metric_label()` (status_conflict, store_error,
+    /// observe_error, cleanup_error, not_leader).
     pub reconciles: Family<OutcomeLabels, Counter>,
     pub reconcile_duration: Histogram,
     pub queue_depth: Gauge,
