@@ -21,8 +21,7 @@ pub fn workspace_root() -> PathBuf {
 
 /// Whether this is a CI run, where a missing PostgreSQL or missing
 /// Kubernetes binaries fail the tests instead of skipping them: `CI` set to
-/// anything but empty, `false` or `0`. (The store crate's tests, which
-/// cannot use this crate, apply the same rule in their `common` module.)
+/// anything but empty, `false` or `0`.
 pub fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
 }

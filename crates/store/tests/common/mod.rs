@@ -12,6 +12,7 @@ use gantry_api::v1::{CreateGatewayRequest, Gateway, GatewaySpec, ObjectMeta};
 use gantry_store::grpc::auth::{Auth, Authenticator};
 use gantry_store::storage::Storage;
 use gantry_store::{Settings, WatchSettings};
+use gantry_testkit::{in_ci, skipped};
 use sqlx::Connection;
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
@@ -39,18 +40,6 @@ pub enum Backend {
 pub fn postgres_admin_url() -> String {
     std::env::var("GANTRY_TEST_POSTGRES_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
-/// The rule of `gantry_testkit::in_ci`: `CI` set to anything but empty,
-/// `false` or `0`.
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
-}
-
-/// A skip line on the real stderr (libtest captures `eprintln!`).
-fn skipped(reason: &str) {
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stderr(), "SKIPPED: {reason}");
 }
 
 /// A database made for one test and removed after it.
