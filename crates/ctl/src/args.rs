@@ -85,15 +85,28 @@ impl std::fmt::Display for Condition {
 }
 
 /// The flags of `create`.
-#[derive(Debug, Clone, Default)]
+#[derive(clap::Args, Debug, Clone, Default)]
 pub struct CreateFlags {
+    /// Name of the new gateway (NAME or gateway/NAME).
+    #[arg(value_parser = gateway_name)]
     pub name: String,
+    /// Container image of the gateway.
+    #[arg(long)]
     pub image: String,
+    /// Number of pods (the store's default when absent).
+    #[arg(long)]
     pub replicas: Option<i32>,
+    /// Image of the supervisor sidecar (the reconciler's default when absent).
+    #[arg(long)]
     pub supervisor_image: Option<String>,
+    /// Host name of the gateway's route (no route when absent).
+    #[arg(long)]
     pub route_host: Option<String>,
+    /// Secret holding the route's TLS certificate.
+    #[arg(long)]
     pub tls_secret: Option<String>,
-    /// `key=value` each.
+    /// A label, key=value (repeatable).
+    #[arg(long = "label", short = 'l')]
     pub labels: Vec<String>,
 }
 

@@ -63,27 +63,8 @@ enum Command {
         after_help = "Example:\n  gatewayctl create edge --image ghcr.io/acme/gateway:1.0 --replicas 2 --route-host edge.example.com"
     )]
     Create {
-        /// Name of the new gateway (NAME or gateway/NAME).
-        #[arg(value_parser = gateway_name)]
-        name: String,
-        /// Container image of the gateway.
-        #[arg(long)]
-        image: String,
-        /// Number of pods (the store's default when absent).
-        #[arg(long)]
-        replicas: Option<i32>,
-        /// Image of the supervisor sidecar (the reconciler's default when absent).
-        #[arg(long)]
-        supervisor_image: Option<String>,
-        /// Host name of the gateway's route (no route when absent).
-        #[arg(long)]
-        route_host: Option<String>,
-        /// Secret holding the route's TLS certificate.
-        #[arg(long)]
-        tls_secret: Option<String>,
-        /// A label, key=value (repeatable).
-        #[arg(long = "label", short = 'l')]
-        labels: Vec<String>,
+        #[command(flatten)]
+        flags: args::CreateFlags,
         #[command(flatten)]
         dry_run: DryRunArg,
     },
@@ -346,25 +327,8 @@ async fn dispatch(
             )
             .await?;
         }
-        Command::Create {
-            name,
-            image,
-            replicas,
-            supervisor_image,
-            route_host,
-            tls_secret,
-            labels,
-            dry_run,
-        } => {
-            let doc = args::create_doc(args::CreateFlags {
-                name,
-                image,
-                replicas,
-                supervisor_image,
-                route_host,
-                tls_secret,
-                labels,
-            })?;
+        Command::Create { flags, dry_run } => {
+            let doc = args::create_doc(flags)?;
             writeln!(out, "{}", ctl.create(&doc, dry_run.on()).await?)?;
         }
         Command::Get { names, selector, output, no_headers, show_labels, sort_by, watch } => {
