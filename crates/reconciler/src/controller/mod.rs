@@ -6,7 +6,9 @@
 //! - [`Context`] (`context`): what a pass is handed: the store writer, the
 //!   target, the settings, the clock; its methods are the pass's IO.
 //! - [`reconcile()`] (`reconcile`): one pass, `reconcile(gateway, ctx) ->
-//!   Result<Action, ReconcileError>` ([`Action`], [`Outcome`] in `action`).
+//!   Result<Action, ReconcileError>` ([`Action`], [`Outcome`] in `action`);
+//!   it gathers the facts and acts on what `plan` (pure, table-tested)
+//!   decides.
 //! - `runtime`: the watch loops, the workers, the leadership gate; the only
 //!   code that runs passes and applies their actions (`error_policy` for
 //!   failures).
@@ -15,6 +17,7 @@
 
 mod action;
 mod context;
+mod plan;
 mod reconcile;
 mod runtime;
 mod state;

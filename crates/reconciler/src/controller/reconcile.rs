@@ -1,6 +1,7 @@
 //! One pass over one gateway (`reconcile(gateway, ctx) -> Result<Action>`,
-//! as in kube-rs' controller-rs): finalizer, render, recovery policy,
-//! target apply/observe/delete, and at most one status write. It returns
+//! as in kube-rs' controller-rs): finalizer, render, then the pure
+//! [`plan`](super::plan) decides and this acts once (at most one apply and
+//! one status write per pass). It returns
 //! what to do next and never touches the queue; the runtime does. A pass
 //! does no IO when there is nothing to do.
 //!
@@ -10,15 +11,14 @@
 
 use std::time::Duration;
 
-use gantry_api::v1::{Gateway, GatewayStatus, ObjectMeta, Phase};
-use gantry_core::recovery::{Attempts, Decision, Inputs};
-use gantry_core::status::{printable, shorten, MAX_TEXT_BYTES};
+use gantry_api::v1::{Gateway, ObjectMeta};
+use gantry_core::recovery::Inputs;
 
 use super::action::{Action, Outcome, ReconcileError};
-use super::context::{ms_timestamp, Context};
+use super::context::Context;
+use super::plan::{self, plan, Facts, Plan, Report};
 use super::{FINALIZER, RETRY_ANNOTATION};
-use crate::render::{render, Rendered};
-use crate::status::{self, Observation, Workload};
+use crate::render::render;
 use crate::targets::Owner;
 
 /// One pass over one gateway: what to do next, or why it could not
@@ -35,129 +35,67 @@ pub async fn reconcile(mut gateway: Gateway, ctx: &Context) -> Result<Action, Re
     }
     let meta = gateway.metadata.clone().unwrap_or_default();
     let name = meta.name.as_str();
-    let generation = meta.generation;
-    ctx.seen(name, generation);
+    ctx.seen(name, meta.generation);
     let current = gateway.status.clone().unwrap_or_default();
     let rendered = render(&gateway, &ctx.settings.render);
     let inputs = Inputs {
-        generation,
+        generation: meta.generation,
         fingerprint: rendered.fingerprint.clone(),
         retry_token: meta.annotations.get(RETRY_ANNOTATION).cloned().unwrap_or_default(),
     };
     let record = ctx.record(name, &current, &inputs);
     let owner = Owner::of(&meta);
-    let applied = current.observed_generation == generation
-        && current.applied_fingerprint == rendered.fingerprint
-        && current.phase() != Phase::Failed
-        && record.is_none();
-    if !applied {
-        return apply(&gateway, &owner, &rendered, &inputs, record, ctx).await;
-    }
-    let observation = ctx.observe(&owner, &rendered).await?;
-    if observation.drifted {
-        tracing::info!("owned objects drifted; repairing");
-        return apply(&gateway, &owner, &rendered, &inputs, record, ctx).await;
-    }
-    report(&gateway, &rendered, &observation, Outcome::Observed, ctx).await
-}
-
-/// Writes the status of what was observed (if it changed) and says when to
-/// look again.
-async fn report(
-    gateway: &Gateway,
-    rendered: &Rendered,
-    observation: &Observation,
-    outcome: Outcome,
-    ctx: &Context,
-) -> Result<Action, ReconcileError> {
-    let generation = gateway.metadata.as_ref().map_or(0, |m| m.generation);
-    let current = gateway.status.clone().unwrap_or_default();
-    let has_route = rendered.get("Ingress").is_some();
-    let desired = status::applied(generation, &rendered.fingerprint, observation, has_route);
-    let moving =
-        matches!(observation.workload, Workload::Progressing { .. } | Workload::Stalled { .. });
-    let outcome = if status::differs(&current, &desired) {
-        ctx.write_status(gateway, desired).await?;
-        outcome
-    } else if outcome == Outcome::Observed {
-        Outcome::Unchanged
-    } else {
-        outcome
+    let facts = Facts {
+        gateway: &gateway,
+        rendered: &rendered,
+        inputs: &inputs,
+        record: record.as_ref(),
+        policy: &ctx.settings.policy,
+        poll_interval: ctx.poll_interval(),
+        now_ms: ctx.now_ms(),
     };
-    Ok(if moving { Action::after(outcome, ctx.poll_interval()) } else { Action::done(outcome) })
+    let report = match plan(&facts, None) {
+        Plan::Report(report) => report,
+        Plan::Apply => apply(&facts, &owner, ctx).await?,
+        Plan::Observe => {
+            let observation = ctx.observe(&owner, &rendered).await?;
+            match plan(&facts, Some(&observation)) {
+                Plan::Report(report) => report,
+                // Drifted (a plan given the observation never asks for it).
+                Plan::Apply | Plan::Observe => {
+                    tracing::info!("owned objects drifted; repairing");
+                    apply(&facts, &owner, ctx).await?
+                }
+            }
+        }
+    };
+    if let Some(status) = report.status {
+        ctx.write_status(&gateway, status).await?;
+    }
+    Ok(report.action)
 }
 
-/// Applies the rendered objects unless an unchanged failure waits for its
-/// time; records a failure in status.
-async fn apply(
-    gateway: &Gateway,
-    owner: &Owner,
-    rendered: &Rendered,
-    inputs: &Inputs,
-    record: Option<Attempts>,
-    ctx: &Context,
-) -> Result<Action, ReconcileError> {
-    let name = owner.name.as_str();
-    let now = ctx.now_ms();
-    let policy = &ctx.settings.policy;
-    if let (Some(record), Decision::Wait { until_ms }) =
-        (&record, policy.decide(record.as_ref(), inputs, now))
-    {
-        // An unchanged failure: no apply. The status is written only if it
-        // does not show the record yet (an earlier write failed or met a
-        // conflict).
-        let wait = Duration::from_millis(until_ms.saturating_sub(now));
-        let desired = failure_status(gateway, record, ctx);
-        let current = gateway.status.clone().unwrap_or_default();
-        if status::differs(&current, &desired) {
-            ctx.write_status(gateway, desired).await?;
-        }
-        return Ok(Action::after(Outcome::Waiting, wait));
-    }
-    match ctx.apply(owner, rendered).await {
+/// Applies the rendered objects; plans the status of what followed.
+async fn apply(facts: &Facts<'_>, owner: &Owner, ctx: &Context) -> Result<Report, ReconcileError> {
+    match ctx.apply(owner, facts.rendered).await {
         Ok(()) => {
-            ctx.keep_record(name, None);
+            ctx.keep_record(&owner.name, None);
             tracing::info!(target = ctx.target.name(), "manifests applied");
-            let observation = match ctx.observe(owner, rendered).await {
-                Ok(o) => o,
-                Err(e) => Observation {
-                    workload: Workload::Progressing { message: format!("cannot observe yet: {e}") },
-                    route_address: String::new(),
-                    drifted: false,
-                },
-            };
-            report(gateway, rendered, &observation, Outcome::Applied, ctx).await
+            let observation = ctx.observe(owner, facts.rendered).await.map_err(|e| e.to_string());
+            Ok(plan::applied(facts, observation))
         }
         Err(e) if !ctx.target.may_write() => Err(ReconcileError::NotLeader(e)),
         Err(e) => {
-            // Printable first: a replaced control character takes three bytes.
-            let error = shorten(&printable(&e.to_string(), false), MAX_TEXT_BYTES);
-            let failure = policy.on_failure(record.as_ref(), inputs, &error, now, fastrand::f64());
-            let wait = Duration::from_millis(failure.attempts.retry_at_ms.saturating_sub(now));
-            tracing::warn!(error = %e, failures = failure.attempts.failures, exhausted = failure.exhausted, retry_in = ?wait, "apply failed");
+            let (record, report) = plan::failed(facts, &e.to_string(), fastrand::f64());
+            let retry_in = Duration::from_millis(record.retry_at_ms.saturating_sub(facts.now_ms));
+            let exhausted = record.failures >= facts.policy.budget.max(1);
+            tracing::warn!(error = %e, failures = record.failures, exhausted, ?retry_in, "apply failed");
             // Kept before the write: a status write that fails does not
             // reset the budget.
-            ctx.keep_record(name, Some(failure.attempts.clone()));
-            let desired = failure_status(gateway, &failure.attempts, ctx);
-            ctx.write_status(gateway, desired).await?;
-            Ok(Action::after(Outcome::Failed, wait))
+            ctx.keep_record(&owner.name, Some(record));
+            Ok(report)
         }
     }
-}
-
-/// The status that shows `record`.
-fn failure_status(gateway: &Gateway, record: &Attempts, ctx: &Context) -> GatewayStatus {
-    let current = gateway.status.clone().unwrap_or_default();
-    let exhausted = record.failures >= ctx.settings.policy.budget.max(1);
-    status::failed(
-        &current,
-        record.inputs.generation,
-        &record.last_error,
-        record.failures,
-        exhausted,
-        ms_timestamp(record.retry_at_ms),
-        record.inputs.key(),
-    )
 }
 
 /// A deleted gateway: deletes what it owns, then releases the finalizer.
