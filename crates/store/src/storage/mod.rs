@@ -18,6 +18,7 @@ use gantry_core::{RuleError, Write};
 use prost::bytes::Bytes;
 use prost::Message;
 
+mod driver;
 pub mod postgres;
 pub mod sqlite;
 
@@ -252,45 +253,6 @@ pub(crate) fn decode_event(
         .transpose()?;
     let gateway = decode(name, object)?;
     Ok(Arc::new(Event::new(revision, kind, &gateway, prev_labels, Bytes::copy_from_slice(object))))
-}
-
-/// SQL shared by both backends (`$N` placeholders work on SQLite too);
-/// each backend keeps the statements only it runs.
-pub(crate) mod sql {
-    pub const SELECT_OBJECT: &str = "SELECT object FROM gateways WHERE name = $1";
-    pub const CURRENT_REVISION: &str = "SELECT revision FROM store_revision WHERE id = 1";
-    /// Names and sizes of the rows unchanged since revision $2, after $1.
-    pub const PAGE_SIZES: &str = "SELECT name, CAST(LENGTH(object) AS BIGINT) FROM gateways \
-        WHERE name > $1 AND resource_version <= $2 ORDER BY name LIMIT $3";
-    /// Those rows up to the name $3.
-    pub const PAGE_OBJECTS: &str = "SELECT name, object FROM gateways \
-        WHERE name > $1 AND resource_version <= $2 AND name <= $3 ORDER BY name";
-    /// Names changed after revision $2 that existed at it (their first later
-    /// event has a previous object), with the size of that object.
-    pub const PAGE_SIZES_CHANGED: &str = "SELECT name, CAST(LENGTH(prev_object) AS BIGINT) \
-        FROM gateway_events WHERE revision IN (SELECT MIN(revision) FROM gateway_events \
-        WHERE revision > $2 AND name > $1 GROUP BY name) AND prev_object IS NOT NULL \
-        ORDER BY name LIMIT $3";
-    /// Those objects as they were at revision $2, up to the name $3.
-    pub const PAGE_OBJECTS_CHANGED: &str = "SELECT name, prev_object FROM gateway_events \
-        WHERE revision IN (SELECT MIN(revision) FROM gateway_events \
-        WHERE revision > $2 AND name > $1 AND name <= $3 GROUP BY name) \
-        AND prev_object IS NOT NULL";
-    pub const COMPACTED_REVISION: &str = "SELECT revision FROM store_compaction WHERE id = 1";
-    pub const EVENT_SIZES: &str = "SELECT revision, CAST(LENGTH(object) AS BIGINT) \
-        FROM gateway_events WHERE revision > $1 ORDER BY revision LIMIT $2";
-    pub const EVENTS_BETWEEN: &str = "SELECT revision, event_type, name, object, prev_labels \
-        FROM gateway_events WHERE revision > $1 AND revision <= $2 ORDER BY revision";
-    pub const INSERT_PAGE_TOKEN_KEY: &str =
-        "INSERT INTO store_keys (id, page_token_key) VALUES (1, $1) ON CONFLICT (id) DO NOTHING";
-    pub const PAGE_TOKEN_KEY: &str = "SELECT page_token_key FROM store_keys WHERE id = 1";
-    /// The revision to compact up to: every event older than the age
-    /// cutoff ($2) or beyond the newest $3 events before the head ($1).
-    pub const COMPACTION_TARGET: &str = "SELECT COALESCE(MAX(revision), 0) FROM gateway_events \
-        WHERE created_at_ms < $2 OR revision <= $1 - $3";
-    pub const DELETE_EVENTS: &str = "DELETE FROM gateway_events WHERE revision <= $1";
-    pub const SET_COMPACTED: &str =
-        "UPDATE store_compaction SET revision = $1 WHERE id = 1 AND revision < $1";
 }
 
 /// A stored row as a batch read it: the object, or why it does not decode.
@@ -553,149 +515,6 @@ pub(crate) fn events_cut(sizes: &[(i64, i64)], max_bytes: usize) -> Option<i64> 
     }
     last
 }
-
-/// Reads a page of a listing (a [`Page`]) in the open read transaction
-/// `$tx`; evaluates to a [`Snapshot`].
-macro_rules! list_in {
-    ($tx:ident, $page:expr) => {{
-        use $crate::storage::{decode, page_cut, sql, Page, Snapshot, StorageError};
-        let page: Page<'_> = $page;
-        let (current,): (i64,) = sqlx::query_as(sql::CURRENT_REVISION).fetch_one(&mut *$tx).await?;
-        let revision = match page.at {
-            None => current,
-            Some(at) if at > current => {
-                return Err(StorageError::Future { requested: at, current });
-            }
-            Some(at) => {
-                let (compacted,): (i64,) =
-                    sqlx::query_as(sql::COMPACTED_REVISION).fetch_one(&mut *$tx).await?;
-                if at < compacted {
-                    return Err(StorageError::Compacted { requested: at, compacted });
-                }
-                at
-            }
-        };
-        let limit = i64::try_from(page.limit).unwrap_or(i64::MAX);
-        let unchanged: Vec<(String, i64)> = sqlx::query_as(sql::PAGE_SIZES)
-            .bind(page.after)
-            .bind(revision)
-            .bind(limit)
-            .fetch_all(&mut *$tx)
-            .await?;
-        // Rows changed since `revision` are shown as they were then.
-        let historic = revision < current;
-        let changed: Vec<(String, i64)> = if historic {
-            sqlx::query_as(sql::PAGE_SIZES_CHANGED)
-                .bind(page.after)
-                .bind(revision)
-                .bind(limit)
-                .fetch_all(&mut *$tx)
-                .await?
-        } else {
-            Vec::new()
-        };
-        let cut = page_cut(&unchanged, &changed, page.limit, page.max_bytes);
-        let mut rows: Vec<(String, Vec<u8>)> = Vec::new();
-        if let Some(last) = &cut.last {
-            rows = sqlx::query_as(sql::PAGE_OBJECTS)
-                .bind(page.after)
-                .bind(revision)
-                .bind(last)
-                .fetch_all(&mut *$tx)
-                .await?;
-            if historic {
-                let older: Vec<(String, Vec<u8>)> = sqlx::query_as(sql::PAGE_OBJECTS_CHANGED)
-                    .bind(page.after)
-                    .bind(revision)
-                    .bind(last)
-                    .fetch_all(&mut *$tx)
-                    .await?;
-                rows.extend(older);
-                rows.sort_by(|a, b| a.0.cmp(&b.0));
-            }
-        }
-        let gateways =
-            rows.iter().map(|(name, bytes)| decode(name, bytes)).collect::<Result<_, _>>()?;
-        Snapshot { gateways, revision, more: cut.more }
-    }};
-}
-
-/// Reads events after a revision in the open read transaction `$tx`,
-/// checking the compaction mark in the same snapshot.
-macro_rules! events_after_in {
-    ($tx:ident, $after:expr, $limit:expr, $max_bytes:expr) => {{
-        use $crate::storage::{decode_event, events_cut, sql, StorageError};
-        let after: i64 = $after;
-        let (compacted,): (i64,) =
-            sqlx::query_as(sql::COMPACTED_REVISION).fetch_one(&mut *$tx).await?;
-        if after < compacted {
-            return Err(StorageError::Compacted { requested: after, compacted });
-        }
-        let sizes: Vec<(i64, i64)> = sqlx::query_as(sql::EVENT_SIZES)
-            .bind(after)
-            .bind(i64::try_from($limit).unwrap_or(i64::MAX))
-            .fetch_all(&mut *$tx)
-            .await?;
-        match events_cut(&sizes, $max_bytes) {
-            None => Vec::new(),
-            Some(last) => {
-                let rows: Vec<(i64, i32, String, Vec<u8>, Option<Vec<u8>>)> =
-                    sqlx::query_as(sql::EVENTS_BETWEEN)
-                        .bind(after)
-                        .bind(last)
-                        .fetch_all(&mut *$tx)
-                        .await?;
-                rows.iter()
-                    .map(|(revision, kind, name, object, prev)| {
-                        decode_event(*revision, *kind, name, object, prev.as_deref())
-                    })
-                    .collect::<Result<Vec<_>, _>>()?
-            }
-        }
-    }};
-}
-
-/// The page token key in `$pool`'s database, created by the first store
-/// to open it.
-macro_rules! page_token_key_in {
-    ($pool:expr) => {{
-        use $crate::storage::sql;
-        let mut key = vec![0u8; 32];
-        getrandom::getrandom(&mut key).map_err(|e| {
-            $crate::storage::StorageError::Setup(format!(
-                "no randomness for the page token key: {e}"
-            ))
-        })?;
-        sqlx::query(sql::INSERT_PAGE_TOKEN_KEY).bind(key).execute($pool).await?;
-        let (key,): (Vec<u8>,) = sqlx::query_as(sql::PAGE_TOKEN_KEY).fetch_one($pool).await?;
-        key
-    }};
-}
-
-/// Compacts the event history in the open write transaction `$tx`;
-/// evaluates to the compacted revision.
-macro_rules! compact_in {
-    ($tx:ident, $retention:expr) => {{
-        use $crate::storage::{now_ms, sql};
-        let retention: $crate::storage::Retention = $retention;
-        let (head,): (i64,) = sqlx::query_as(sql::CURRENT_REVISION).fetch_one(&mut *$tx).await?;
-        let (target,): (i64,) = sqlx::query_as(sql::COMPACTION_TARGET)
-            .bind(head)
-            .bind(now_ms() - retention.max_age_ms)
-            .bind(retention.max_events)
-            .fetch_one(&mut *$tx)
-            .await?;
-        if target > 0 {
-            sqlx::query(sql::DELETE_EVENTS).bind(target).execute(&mut *$tx).await?;
-            sqlx::query(sql::SET_COMPACTED).bind(target).execute(&mut *$tx).await?;
-        }
-        let (compacted,): (i64,) =
-            sqlx::query_as(sql::COMPACTED_REVISION).fetch_one(&mut *$tx).await?;
-        compacted
-    }};
-}
-
-pub(crate) use {compact_in, events_after_in, list_in, page_token_key_in};
 
 #[cfg(test)]
 mod tests {

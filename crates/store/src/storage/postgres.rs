@@ -25,11 +25,26 @@ use std::time::Duration;
 use gantry_api::v1::Gateway;
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 
+use super::driver::{Dialect, Driver};
 use super::{
-    batch_names, changed_behind_our_back, compact_in, decode, encode_labels, events_after_in,
-    list_in, now_ms, page_token_key_in, plan_batch, sql, stored_rows, Committed, Event, Page,
-    PendingWrite, Retention, RowColumns, Snapshot, Storage, StorageError,
+    batch_names, changed_behind_our_back, encode_labels, now_ms, plan_batch, stored_rows,
+    Committed, Event, Page, PendingWrite, Retention, RowColumns, Snapshot, Storage, StorageError,
 };
+
+/// PostgreSQL's statements for the shared [`Driver`].
+struct PostgresDialect;
+
+impl Dialect for PostgresDialect {
+    type Db = sqlx::Postgres;
+    const BEGIN_READ: Option<&'static str> =
+        Some("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY");
+    /// Takes the revision lock, as a batch does: the compaction mark and
+    /// the deleted rows change together, and no event commits in between.
+    const BEGIN_COMPACT: &'static str =
+        "BEGIN; SELECT revision FROM store_revision WHERE id = 1 FOR UPDATE";
+}
+
+type Queries = Driver<PostgresDialect>;
 
 /// Begins the batch's transaction and takes the revision lock, in one
 /// round trip (a simple query of two statements). Every writer takes the
@@ -92,7 +107,7 @@ impl PostgresStorage {
             .connect(url)
             .await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;
-        let page_token_key = page_token_key_in!(&pool);
+        let page_token_key = Queries::page_token_key(&pool).await?;
         let storage = Self { pool, page_token_key };
         super::check_durability(&storage.durability().await?)?;
         Ok(storage)
@@ -113,17 +128,11 @@ impl Storage for PostgresStorage {
     }
 
     async fn get(&self, name: &str) -> Result<Option<Gateway>, StorageError> {
-        let row: Option<(Vec<u8>,)> =
-            sqlx::query_as(sql::SELECT_OBJECT).bind(name).fetch_optional(&self.pool).await?;
-        row.map(|(bytes,)| decode(name, &bytes)).transpose()
+        Queries::get(&self.pool, name).await
     }
 
     async fn list(&self, page: Page<'_>) -> Result<Snapshot, StorageError> {
-        let mut tx =
-            self.pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await?;
-        let snapshot = list_in!(tx, page);
-        tx.commit().await?;
-        Ok(snapshot)
+        Queries::list(&self.pool, page).await
     }
 
     async fn write_batch(
@@ -188,29 +197,15 @@ impl Storage for PostgresStorage {
         limit: usize,
         max_bytes: usize,
     ) -> Result<Vec<Arc<Event>>, StorageError> {
-        let mut tx =
-            self.pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY").await?;
-        let events = events_after_in!(tx, after, limit, max_bytes);
-        tx.commit().await?;
-        Ok(events)
+        Queries::events_after(&self.pool, after, limit, max_bytes).await
     }
 
     async fn current_revision(&self) -> Result<i64, StorageError> {
-        let (revision,): (i64,) =
-            sqlx::query_as(sql::CURRENT_REVISION).fetch_one(&self.pool).await?;
-        Ok(revision)
+        Queries::current_revision(&self.pool).await
     }
 
     async fn compact(&self, retention: Retention) -> Result<i64, StorageError> {
-        let mut tx = self.pool.begin().await?;
-        // Serialise with writers: the compaction mark and the deleted rows
-        // change together, and no event commits in between.
-        sqlx::query("SELECT revision FROM store_revision WHERE id = 1 FOR UPDATE")
-            .execute(&mut *tx)
-            .await?;
-        let compacted = compact_in!(tx, retention);
-        tx.commit().await?;
-        Ok(compacted)
+        Queries::compact(&self.pool, retention).await
     }
 
     async fn listen_for_commits(&self, wake: Arc<tokio::sync::Notify>) -> Result<(), StorageError> {
@@ -226,8 +221,7 @@ impl Storage for PostgresStorage {
     }
 
     async fn ping(&self) -> Result<(), StorageError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
+        Queries::ping(&self.pool).await
     }
 
     fn page_token_key(&self) -> &[u8] {

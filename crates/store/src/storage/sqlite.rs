@@ -15,11 +15,24 @@ use sqlx::sqlite::{
     SqliteSynchronous,
 };
 
+use super::driver::{Dialect, Driver};
 use super::{
-    batch_names, compact_in, decode, encode_labels, events_after_in, list_in, now_ms,
-    page_token_key_in, plan_batch, sql, stored_rows, BatchPlan, Committed, Event, EventRow, Page,
-    PendingWrite, Retention, RowColumns, Snapshot, Storage, StorageError,
+    batch_names, encode_labels, now_ms, plan_batch, stored_rows, BatchPlan, Committed, Event,
+    EventRow, Page, PendingWrite, Retention, RowColumns, Snapshot, Storage, StorageError,
 };
+
+/// SQLite's statements for the shared [`Driver`].
+struct SqliteDialect;
+
+impl Dialect for SqliteDialect {
+    type Db = Sqlite;
+    /// A deferred transaction reads one WAL snapshot.
+    const BEGIN_READ: Option<&'static str> = None;
+    /// Takes the write lock up front, as a batch does.
+    const BEGIN_COMPACT: &'static str = "BEGIN IMMEDIATE";
+}
+
+type Queries = Driver<SqliteDialect>;
 
 /// Opens the batch's transaction, taking SQLite's write lock up front (no
 /// read in the batch can be invalidated before it writes), and reads the
@@ -185,7 +198,7 @@ impl SqliteStorage {
             .acquire_timeout(Duration::from_secs(30))
             .connect_with(options)
             .await?;
-        let page_token_key = page_token_key_in!(&writer);
+        let page_token_key = Queries::page_token_key(&writer).await?;
         let storage = Self { writer, readers, page_token_key };
         super::check_durability(&storage.durability().await?)?;
         Ok(storage)
@@ -203,16 +216,11 @@ impl Storage for SqliteStorage {
     }
 
     async fn get(&self, name: &str) -> Result<Option<Gateway>, StorageError> {
-        let row: Option<(Vec<u8>,)> =
-            sqlx::query_as(sql::SELECT_OBJECT).bind(name).fetch_optional(&self.readers).await?;
-        row.map(|(bytes,)| decode(name, &bytes)).transpose()
+        Queries::get(&self.readers, name).await
     }
 
     async fn list(&self, page: Page<'_>) -> Result<Snapshot, StorageError> {
-        let mut tx = self.readers.begin().await?;
-        let snapshot = list_in!(tx, page);
-        tx.commit().await?;
-        Ok(snapshot)
+        Queries::list(&self.readers, page).await
     }
 
     async fn write_batch(
@@ -279,28 +287,19 @@ impl Storage for SqliteStorage {
         limit: usize,
         max_bytes: usize,
     ) -> Result<Vec<Arc<Event>>, StorageError> {
-        let mut tx = self.readers.begin().await?;
-        let events = events_after_in!(tx, after, limit, max_bytes);
-        tx.commit().await?;
-        Ok(events)
+        Queries::events_after(&self.readers, after, limit, max_bytes).await
     }
 
     async fn current_revision(&self) -> Result<i64, StorageError> {
-        let (revision,): (i64,) =
-            sqlx::query_as(sql::CURRENT_REVISION).fetch_one(&self.readers).await?;
-        Ok(revision)
+        Queries::current_revision(&self.readers).await
     }
 
     async fn compact(&self, retention: Retention) -> Result<i64, StorageError> {
-        let mut tx = self.writer.begin_with("BEGIN IMMEDIATE").await?;
-        let compacted = compact_in!(tx, retention);
-        tx.commit().await?;
-        Ok(compacted)
+        Queries::compact(&self.writer, retention).await
     }
 
     async fn ping(&self) -> Result<(), StorageError> {
-        sqlx::query("SELECT 1").execute(&self.readers).await?;
-        Ok(())
+        Queries::ping(&self.readers).await
     }
 
     fn page_token_key(&self) -> &[u8] {
