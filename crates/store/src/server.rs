@@ -12,9 +12,11 @@ use gantry_telemetry::Shutdown;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tower::Layer;
 
 use crate::error::ServeError;
 use crate::grpc::conn::{self, ActiveCallsLayer, Connections};
+use crate::grpc::observe::{Observe, ObserveLayer};
 use crate::grpc::{auth, errors, GatewayApi};
 use crate::http::StoreAdmin;
 use crate::metrics::Metrics;
@@ -97,14 +99,10 @@ pub async fn serve(
     let metrics = Arc::new(Metrics::default());
     let core = Core::start(&settings, &metrics, &shutdown).await?;
     tokio::spawn(auth::reload_on_change(settings.auth.clone(), shutdown.clone()));
-    let api = GatewayApi::new(
-        core.writer,
-        settings.storage.clone(),
-        core.watch,
-        settings.auth.clone(),
-        metrics.clone(),
-    )
-    .with_request_timeout(settings.limits.request_timeout);
+    let api =
+        GatewayApi::new(core.writer, settings.storage.clone(), core.watch, settings.auth.clone());
+    let observe =
+        ObserveLayer::new(settings.auth.clone(), metrics.clone(), settings.limits.request_timeout);
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<GatewayServiceServer<GatewayApi>>().await;
@@ -117,6 +115,11 @@ pub async fn serve(
     let connections = Connections::new(connection_limits, metrics.connections.clone());
     let (grpc_addr, http_addr) = (grpc.local_addr().ok(), http.local_addr().ok());
     let grpc_stop = shutdown.wait();
+    let api = observe.layer(
+        GatewayServiceServer::new(api)
+            .max_decoding_message_size(MAX_REQUEST_BYTES)
+            .max_encoding_message_size(MAX_RESPONSE_BYTES),
+    );
     let grpc_server = grpc_server(&settings, api, health_service, grpc, connections, async move {
         grpc_stop.await;
         health_reporter.set_not_serving::<GatewayServiceServer<GatewayApi>>().await;
@@ -154,7 +157,7 @@ pub async fn serve(
 /// goes through.
 fn grpc_server(
     settings: &Settings,
-    api: GatewayApi,
+    api: Observe<GatewayServiceServer<GatewayApi>>,
     health: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
@@ -191,11 +194,7 @@ fn grpc_server(
         .add_service(health)
         .add_service(reflection)
         .add_service(reflection_v1alpha)
-        .add_service(
-            GatewayServiceServer::new(api)
-                .max_decoding_message_size(MAX_REQUEST_BYTES)
-                .max_encoding_message_size(MAX_RESPONSE_BYTES),
-        );
+        .add_service(api);
     // Within the connection limits, with TCP_NODELAY on every accepted
     // connection: a reply of several KB is written in more than one
     // segment, and Nagle's algorithm would hold the last one until the

@@ -149,21 +149,15 @@ impl Injector for MetadataInjector<'_> {
     }
 }
 
-struct MetadataExtractor<'a>(&'a MetadataMap);
+struct HeaderExtractor<'a>(&'a axum::http::HeaderMap);
 
-impl Extractor for MetadataExtractor<'_> {
+impl Extractor for HeaderExtractor<'_> {
     fn get(&self, key: &str) -> Option<&str> {
         self.0.get(key).and_then(|v| v.to_str().ok())
     }
 
     fn keys(&self) -> Vec<&str> {
-        self.0
-            .keys()
-            .filter_map(|k| match k {
-                tonic::metadata::KeyRef::Ascii(k) => Some(k.as_str()),
-                tonic::metadata::KeyRef::Binary(_) => None,
-            })
-            .collect()
+        self.0.keys().map(axum::http::HeaderName::as_str).collect()
     }
 }
 
@@ -176,9 +170,10 @@ pub fn inject(metadata: &mut MetadataMap) {
     }
 }
 
-/// The trace context an incoming request carries (empty without one).
-pub fn extract(metadata: &MetadataMap) -> Context {
-    TraceContextPropagator::new().extract(&MetadataExtractor(metadata))
+/// The trace context an incoming request's headers carry (empty without
+/// one).
+pub fn extract(headers: &axum::http::HeaderMap) -> Context {
+    TraceContextPropagator::new().extract(&HeaderExtractor(headers))
 }
 
 /// The current span's W3C `traceparent`, when it has a valid, sampled
@@ -191,11 +186,11 @@ pub fn traceparent() -> Option<String> {
 
 /// The context a `traceparent` text names.
 pub fn from_traceparent(traceparent: &str) -> Context {
-    let mut metadata = MetadataMap::new();
-    if let Ok(value) = MetadataValue::try_from(traceparent) {
-        metadata.insert("traceparent", value);
+    let mut headers = axum::http::HeaderMap::new();
+    if let Ok(value) = axum::http::HeaderValue::try_from(traceparent) {
+        headers.insert("traceparent", value);
     }
-    extract(&metadata)
+    extract(&headers)
 }
 
 /// Makes `parent` the parent of `span` (when it is a valid context).

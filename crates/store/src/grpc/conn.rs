@@ -393,6 +393,16 @@ impl AsyncWrite for Tracked {
     }
 }
 
+/// The caller's address, as tonic records it on each request (over TLS
+/// or not).
+pub fn peer_of(extensions: &axum::http::Extensions) -> Option<std::net::SocketAddr> {
+    extensions.get::<TcpConnectInfo>().and_then(|i| i.remote_addr).or_else(|| {
+        extensions
+            .get::<tonic::transport::server::TlsConnectInfo<TcpConnectInfo>>()
+            .and_then(|i| i.get_ref().remote_addr)
+    })
+}
+
 /// Tower layer that counts each call on its connection (see
 /// [`Connections::call_started`]) until its response body ends.
 #[derive(Debug, Clone)]
@@ -442,15 +452,7 @@ where
     }
 
     fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
-        let peer =
-            request.extensions().get::<TcpConnectInfo>().and_then(|i| i.remote_addr).or_else(
-                || {
-                    request
-                        .extensions()
-                        .get::<tonic::transport::server::TlsConnectInfo<TcpConnectInfo>>()
-                        .and_then(|i| i.get_ref().remote_addr)
-                },
-            );
+        let peer = peer_of(request.extensions());
         let arrived = std::time::Instant::now();
         let Ok(guards) = self.connections.call_started(peer) else {
             // Refused at once, not queued: the client backs off or spreads
