@@ -16,7 +16,7 @@ use gantry_api::v1::{
 };
 use gantry_client::GatewayClient;
 use gantry_testkit::eventually;
-use gantry_testkit::{in_ci, skipped, temp_dir, StoreProcess, TempPostgres};
+use gantry_testkit::{in_ci, skipped, temp_dir, StoreProcess, TestDatabase};
 use tokio_stream::StreamExt;
 
 fn gateway(name: &str, image: &str) -> Gateway {
@@ -184,11 +184,11 @@ async fn a_sqlite_backup_restores_into_a_working_store() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pg_dump_restores_into_a_new_database() {
-    let Some(source) = TempPostgres::create().await else { return };
+    let Some(source) = TestDatabase::postgres().await else { return };
     if !tool("pg_dump") || !tool("pg_restore") {
         return;
     }
-    let target = TempPostgres::create().await.unwrap();
+    let target = TestDatabase::postgres().await.unwrap();
     let dir = temp_dir("backup-postgres");
     let dump = dir.join("gantry.dump");
     let store = StoreProcess::start(&source.url, &dir);

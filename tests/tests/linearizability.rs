@@ -23,7 +23,7 @@ use gantry_testkit::eventually;
 use gantry_testkit::linearizability::{
     linearize, revisions_unique_and_in_real_time_order, Answer, Call, GatewayModel, Operation,
 };
-use gantry_testkit::{temp_dir, StoreProcess, TempPostgres};
+use gantry_testkit::{temp_dir, StoreProcess, TestDatabase};
 use prost_types::FieldMask;
 use tonic::Code;
 
@@ -290,7 +290,7 @@ async fn sqlite_store_is_linearizable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_replicas_are_linearizable() {
-    let Some(db) = TempPostgres::create().await else { return };
+    let Some(db) = TestDatabase::postgres().await else { return };
     let dir = temp_dir("linearizable-postgres");
     let (dir_a, dir_b) = (dir.join("a"), dir.join("b"));
     std::fs::create_dir_all(&dir_a).unwrap();

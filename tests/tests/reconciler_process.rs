@@ -14,7 +14,7 @@ use gantry_api::v1::{
 use gantry_client::{ClientConfig, GatewayClient};
 use gantry_kube_fake::{KubeFake, Options};
 use gantry_testkit::{eventually, eventually_blocking, eventually_some};
-use gantry_testkit::{http_get, temp_dir, ReconcilerProcess, StoreProcess, TempPostgres};
+use gantry_testkit::{http_get, temp_dir, ReconcilerProcess, StoreProcess, TestDatabase};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, ListParams};
 use prost_types::FieldMask;
@@ -195,7 +195,7 @@ where
     let dir = temp_dir(&format!("{label}-sqlite"));
     scenario(format!("sqlite://{}", dir.join("gantry.db").display()), dir.clone()).await;
     let _ = std::fs::remove_dir_all(dir);
-    if let Some(db) = TempPostgres::create().await {
+    if let Some(db) = TestDatabase::postgres().await {
         let dir = temp_dir(&format!("{label}-postgres"));
         scenario(db.url.clone(), dir.clone()).await;
         db.drop_database().await;

@@ -306,7 +306,7 @@ async fn a_gateway_rolls_out_changes_and_is_deleted_with_everything_it_owns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_rolls_out_changes_and_is_deleted_on_postgres() {
-    let Some(postgres) = gantry_testkit::TempPostgres::create().await else { return };
+    let Some(postgres) = gantry_testkit::TestDatabase::postgres().await else { return };
     let Some(rig) = Rig::start_on("lifecycle-pg", &postgres.url, temp_dir("lifecycle-pg")) else {
         return;
     };

@@ -13,7 +13,7 @@ use gantry_api::v1::{CreateGatewayRequest, Gateway, GatewaySpec, ObjectMeta};
 use gantry_client::watch::{list_then_watch, WatchOptions, WatchUpdate};
 use gantry_client::ClientConfig;
 use gantry_testkit::eventually;
-use gantry_testkit::{temp_dir, StoreProcess, TempPostgres};
+use gantry_testkit::{temp_dir, StoreProcess, TestDatabase};
 use tokio_stream::StreamExt;
 use tonic::Code;
 
@@ -189,7 +189,7 @@ async fn sqlite_store_survives_sigkill() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_store_survives_sigkill() {
-    let Some(db) = TempPostgres::create().await else { return };
+    let Some(db) = TestDatabase::postgres().await else { return };
     kill_and_restart_loses_nothing(&db.url, "postgres").await;
     db.drop_database().await;
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use gantry_api::v1::{CreateGatewayRequest, Gateway, GatewaySpec, ListGatewaysRequest, ObjectMeta};
 use gantry_client::{ClientConfig, GatewayClient};
 use gantry_testkit::eventually;
-use gantry_testkit::{http_get, temp_dir, StoreProcess, TempPostgres};
+use gantry_testkit::{http_get, temp_dir, StoreProcess, TestDatabase};
 use tonic::Code;
 
 const TERMINATE: &str =
@@ -51,7 +51,7 @@ async fn create(client: &mut GatewayClient, name: &str) -> Result<(), Code> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_faults_fail_writes_cleanly_and_the_store_recovers() {
-    let Some(db) = TempPostgres::create().await else { return };
+    let Some(db) = TestDatabase::postgres().await else { return };
     let dir = temp_dir("db-faults");
     let store = StoreProcess::start(&db.url, &dir);
     let config = ClientConfig { endpoint: store.endpoint(), ..Default::default() };

@@ -488,7 +488,7 @@ async fn watches_that_do_not_read_hold_bounded_memory() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watches_that_do_not_read_hold_bounded_memory_on_postgres() {
-    let Some(db) = gantry_testkit::TempPostgres::create().await else { return };
+    let Some(db) = gantry_testkit::TestDatabase::postgres().await else { return };
     let dir = temp_dir("watch-memory-pg");
     let store = StoreProcess::start_with(&db.url, &dir, &[]);
     let config = ClientConfig { endpoint: store.endpoint(), ..Default::default() };

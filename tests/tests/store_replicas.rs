@@ -10,7 +10,7 @@ use gantry_api::v1::{
     WatchGatewaysRequest,
 };
 use gantry_client::ClientConfig;
-use gantry_testkit::{temp_dir, StoreProcess, TempPostgres};
+use gantry_testkit::{temp_dir, StoreProcess, TestDatabase};
 use tokio_stream::StreamExt;
 
 fn gateway(name: &str) -> Gateway {
@@ -23,7 +23,7 @@ fn gateway(name: &str) -> Gateway {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_store_processes_share_one_history() {
-    let Some(db) = TempPostgres::create().await else { return };
+    let Some(db) = TestDatabase::postgres().await else { return };
     let dir = temp_dir("replicas");
     let (a, b) = (StoreProcess::start(&db.url, &dir), StoreProcess::start(&db.url, &dir));
     let connect = |endpoint: String| async move {

@@ -2,23 +2,16 @@
 //! what is read off them: RSS and CPU from `/proc`, counters from their
 //! `/metrics` endpoints.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::Context as _;
 use gantry_api::v1::ListGatewaysRequest;
 use gantry_client::{ClientConfig, GatewayClient};
+use gantry_testkit::{free_port, Process, TestDatabase};
 use serde_json::{json, Value};
-use sqlx::Connection as _;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::args::{Args, Backend};
-
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
-}
 
 /// A binary built next to `gantry-bench` (same profile).
 fn sibling(name: &str) -> PathBuf {
@@ -68,15 +61,7 @@ impl Usage {
 
 /// `GET path` on a local HTTP endpoint; the body.
 pub async fn http_get(port: u16, path: &str) -> anyhow::Result<String> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
-        )
-        .await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
+    let response = gantry_testkit::fetch(port, path).await?;
     let (head, body) = response.split_once("\r\n\r\n").context("malformed HTTP response")?;
     anyhow::ensure!(head.starts_with("HTTP/1.1 200"), "GET {path}: {head}");
     Ok(body.to_string())
@@ -94,11 +79,11 @@ pub fn metric_sum(text: &str, name: &str) -> f64 {
 
 /// A gateway-store process on a fresh SQLite file or PostgreSQL database.
 pub struct Store {
-    child: Child,
+    process: Process,
     pub endpoint: String,
     http: u16,
     dir: PathBuf,
-    database: Option<(String, String)>,
+    database: TestDatabase,
 }
 
 impl Store {
@@ -106,43 +91,42 @@ impl Store {
         let dir =
             std::env::temp_dir().join(format!("gantry-bench-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir)?;
-        let (url, database) = match args.backend {
-            Backend::Sqlite => (format!("sqlite://{}", dir.join("gantry.db").display()), None),
-            Backend::Postgres => {
-                let name = format!("gantry_bench_{}", uuid::Uuid::new_v4().simple());
-                let mut admin = sqlx::PgConnection::connect(&args.postgres_url)
-                    .await
-                    .context("connect to PostgreSQL")?;
-                sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut admin).await?;
-                let base = args
-                    .postgres_url
-                    .rsplit_once('/')
-                    .map_or(args.postgres_url.as_str(), |(b, _)| b)
-                    .to_string();
-                (format!("{base}/{name}"), Some((args.postgres_url.clone(), name)))
-            }
+        let database = match args.backend {
+            Backend::Sqlite => TestDatabase::sqlite(),
+            Backend::Postgres => TestDatabase::postgres_on(&args.postgres_url)
+                .await
+                .context("create a database on PostgreSQL")?,
         };
         let (grpc, http) = (free_port(), free_port());
-        let child = Command::new(sibling("gateway-store"))
-            .args(["--allow-unauthenticated", "--database-url", &url, "--data-dir"])
-            .arg(&dir)
-            .args([
-                "--listen",
-                &format!("127.0.0.1:{grpc}"),
-                "--http-listen",
-                &format!("127.0.0.1:{http}"),
-            ])
-            .args(["--watch-buffer", &watch_buffer.to_string(), "--log-level", "warn"])
+        let flags = [
+            "--allow-unauthenticated",
+            "--database-url",
+            &database.url,
+            "--data-dir",
+            &dir.display().to_string(),
+            "--listen",
+            &format!("127.0.0.1:{grpc}"),
+            "--http-listen",
+            &format!("127.0.0.1:{http}"),
+            "--watch-buffer",
+            &watch_buffer.to_string(),
+            "--log-level",
+            "warn",
             // Capacity is measured here, not the connection limits (the
             // watch runs open 10,000 connections, or 10,000 streams on one).
-            .args(["--max-streams-per-connection", "20000", "--max-calls-per-connection", "4096"])
-            .args(["--max-connections", "16384"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            "--max-streams-per-connection",
+            "20000",
+            "--max-calls-per-connection",
+            "4096",
+            "--max-connections",
+            "16384",
+        ];
+        let mut process = Process::new(sibling("gateway-store"), strings(&flags));
+        process
             .spawn()
             .context("start gateway-store (build it first: cargo build --release --bins)")?;
         let endpoint = format!("http://127.0.0.1:{grpc}");
-        let store = Store { child, endpoint, http, dir, database };
+        let store = Store { process, endpoint, http, dir, database };
         let client = store.client()?;
         for _ in 0..600 {
             if client.clone().list_gateways(ListGatewaysRequest::default()).await.is_ok() {
@@ -158,7 +142,7 @@ impl Store {
     }
 
     pub fn usage(&self) -> Usage {
-        Usage::of(self.child.id())
+        self.process.pid().map(Usage::of).unwrap_or_default()
     }
 
     /// gRPC requests the store has handled so far.
@@ -168,28 +152,15 @@ impl Store {
     }
 
     pub async fn stop(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.kill9();
         let _ = std::fs::remove_dir_all(&self.dir);
-        if let Some((admin_url, name)) = self.database.take() {
-            if let Ok(mut admin) = sqlx::PgConnection::connect(&admin_url).await {
-                let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-                    .execute(&mut admin)
-                    .await;
-            }
-        }
-    }
-}
-
-impl Drop for Store {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
+        self.database.drop_database().await;
     }
 }
 
 /// A gateway-reconciler process with the kube target.
 pub struct Reconciler {
-    child: Child,
+    process: Process,
     http: u16,
 }
 
@@ -204,18 +175,24 @@ impl Reconciler {
         poll_interval: &str,
     ) -> anyhow::Result<Reconciler> {
         let http = free_port();
-        let child = Command::new(sibling("gateway-reconciler"))
-            .args(["--store", &store.endpoint, "--target", "kube", "--kubeconfig"])
-            .arg(kubeconfig)
-            .args(namespace.map(|n| ["--namespace", n]).into_iter().flatten())
-            .args(["--http-listen", &format!("127.0.0.1:{http}")])
-            .args(["--sync-period", &format!("{}ms", sync_period.as_millis())])
-            .args(["--poll-interval", poll_interval, "--log-level", "warn"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
+        let mut flags = vec![
+            "--store",
+            &store.endpoint,
+            "--target",
+            "kube",
+            "--kubeconfig",
+            kubeconfig.to_str().context("a UTF-8 kubeconfig path")?,
+        ];
+        flags.extend(namespace.map(|n| ["--namespace", n]).into_iter().flatten());
+        let (listen, sync) =
+            (format!("127.0.0.1:{http}"), format!("{}ms", sync_period.as_millis()));
+        flags.extend(["--http-listen", &listen, "--sync-period", &sync]);
+        flags.extend(["--poll-interval", poll_interval, "--log-level", "warn"]);
+        let mut process = Process::new(sibling("gateway-reconciler"), strings(&flags));
+        process
             .spawn()
             .context("start gateway-reconciler (build it first: cargo build --release --bins)")?;
-        let reconciler = Reconciler { child, http };
+        let reconciler = Reconciler { process, http };
         for _ in 0..600 {
             if reconciler.reconciles().await.is_ok() {
                 return Ok(reconciler);
@@ -226,7 +203,7 @@ impl Reconciler {
     }
 
     pub fn usage(&self) -> Usage {
-        Usage::of(self.child.id())
+        self.process.pid().map(Usage::of).unwrap_or_default()
     }
 
     /// Per stage of convergence (queue, apply, observe, status_write): the
@@ -255,21 +232,14 @@ impl Reconciler {
 
     /// Stops with SIGTERM (graceful), then waits.
     pub fn stop(mut self) {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Reconciler {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
+        self.process.terminate();
     }
 }
 
 /// An etcd server (Debian's `etcd-server`, or `--etcd-bin`) on a fresh data
 /// directory, one member, default durability (fsync on every commit).
 pub struct Etcd {
-    child: Child,
+    process: Process,
     pub endpoint: String,
     dir: PathBuf,
 }
@@ -282,23 +252,36 @@ impl Etcd {
         let (client, peer) = (free_port(), free_port());
         let client_url = format!("http://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
-        let child = Command::new(&args.etcd_bin)
-            .args(["--name", "bench", "--data-dir"])
-            .arg(dir.join("data"))
-            .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
-            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("bench={peer_url}"), "--log-level", "error"])
-            .args(["--logger", "zap"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| {
-                format!(
-                    "start {} (install Debian's etcd-server, or pass --etcd-bin)",
-                    args.etcd_bin.display()
-                )
-            })?;
-        let etcd = Etcd { child, endpoint: client_url, dir };
+        let data = dir.join("data").display().to_string();
+        let cluster = format!("bench={peer_url}");
+        let flags = [
+            "--name",
+            "bench",
+            "--data-dir",
+            &data,
+            "--listen-client-urls",
+            &client_url,
+            "--advertise-client-urls",
+            &client_url,
+            "--listen-peer-urls",
+            &peer_url,
+            "--initial-advertise-peer-urls",
+            &peer_url,
+            "--initial-cluster",
+            &cluster,
+            "--log-level",
+            "error",
+            "--logger",
+            "zap",
+        ];
+        let mut process = Process::new(&args.etcd_bin, strings(&flags));
+        process.spawn().with_context(|| {
+            format!(
+                "start {} (install Debian's etcd-server, or pass --etcd-bin)",
+                args.etcd_bin.display()
+            )
+        })?;
+        let etcd = Etcd { process, endpoint: client_url, dir };
         for _ in 0..600 {
             if let Ok(mut kv) = etcd.kv().await {
                 if crate::etcd::put(&mut kv, "ready", b"1").await.is_ok() {
@@ -321,18 +304,15 @@ impl Etcd {
     }
 
     pub fn usage(&self) -> Usage {
-        Usage::of(self.child.id())
+        self.process.pid().map(Usage::of).unwrap_or_default()
     }
 
     pub fn stop(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.kill9();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-    }
+fn strings(flags: &[&str]) -> Vec<String> {
+    flags.iter().map(|f| f.to_string()).collect()
 }

@@ -3,7 +3,6 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +11,7 @@ use gantry_api::v1::{CreateGatewayRequest, Gateway, GatewaySpec, ObjectMeta};
 use gantry_store::grpc::auth::{Auth, Authenticator};
 use gantry_store::storage::Storage;
 use gantry_store::{Settings, WatchSettings};
-use gantry_testkit::{in_ci, skipped};
+pub use gantry_testkit::{Backend, TestDatabase};
 use sqlx::Connection;
 use tokio::net::TcpListener;
 use tonic::service::interceptor::InterceptedService;
@@ -29,100 +28,6 @@ pub const TOKENS_FILE: &str = "# test tokens\n\
     editor-token-0000000002,eddie,editor\n\
     reconciler-token-00003,gateway-reconciler,reconciler\n\
     admin-token-00000000004,ada,admin\n";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    Sqlite,
-    Postgres,
-}
-
-/// Where the PostgreSQL tests connect to create their databases.
-pub fn postgres_admin_url() -> String {
-    std::env::var("GANTRY_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
-}
-
-/// A database made for one test and removed after it.
-pub struct TestDatabase {
-    pub url: String,
-    cleanup: Cleanup,
-}
-
-enum Cleanup {
-    Directory(PathBuf),
-    Postgres { admin_url: String, name: String },
-}
-
-impl TestDatabase {
-    /// A fresh database, or `None` when PostgreSQL is unreachable outside CI
-    /// (under CI=true that is a failure).
-    pub async fn create(backend: Backend) -> Option<TestDatabase> {
-        let id = uuid::Uuid::new_v4().simple().to_string();
-        match backend {
-            Backend::Sqlite => {
-                let dir = std::env::temp_dir().join(format!("gantry-test-{id}"));
-                std::fs::create_dir_all(&dir).unwrap();
-                let url = format!("sqlite://{}", dir.join("gantry.db").display());
-                Some(TestDatabase { url, cleanup: Cleanup::Directory(dir) })
-            }
-            Backend::Postgres => {
-                let admin_url = postgres_admin_url();
-                let connect = tokio::time::timeout(
-                    Duration::from_secs(5),
-                    sqlx::PgConnection::connect(&admin_url),
-                );
-                let mut admin = match connect.await {
-                    Ok(Ok(conn)) => conn,
-                    Ok(Err(e)) if !in_ci() => {
-                        skipped(&format!("PostgreSQL at {admin_url} unreachable ({e}); set GANTRY_TEST_POSTGRES_URL"));
-                        return None;
-                    }
-                    Err(_) if !in_ci() => {
-                        skipped(&format!("PostgreSQL at {admin_url} did not answer"));
-                        return None;
-                    }
-                    other => {
-                        panic!("CI=true and PostgreSQL at {admin_url} is unreachable: {other:?}")
-                    }
-                };
-                let name = format!("gantry_test_{id}");
-                sqlx::query(&format!("CREATE DATABASE {name}")).execute(&mut admin).await.unwrap();
-                let base = admin_url.rsplit_once('/').map_or(admin_url.as_str(), |(b, _)| b);
-                let url = format!("{base}/{name}");
-                Some(TestDatabase { url, cleanup: Cleanup::Postgres { admin_url, name } })
-            }
-        }
-    }
-}
-
-impl Drop for TestDatabase {
-    fn drop(&mut self) {
-        match &self.cleanup {
-            Cleanup::Directory(dir) => {
-                let _ = std::fs::remove_dir_all(dir);
-            }
-            Cleanup::Postgres { admin_url, name } => {
-                let (admin_url, name) = (admin_url.clone(), name.clone());
-                // Drop runs outside async context (and during panics): use a
-                // short-lived runtime on its own thread.
-                let _ = std::thread::spawn(move || {
-                    let rt =
-                        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-                    rt.block_on(async {
-                        if let Ok(mut admin) = sqlx::PgConnection::connect(&admin_url).await {
-                            let _ = sqlx::query(&format!(
-                                "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-                            ))
-                            .execute(&mut admin)
-                            .await;
-                        }
-                    });
-                })
-                .join();
-            }
-        }
-    }
-}
 
 /// A running store.
 pub struct TestStore {
@@ -360,12 +265,5 @@ macro_rules! on_both_backends {
 
 /// `GET path` over plain HTTP/1.1; the whole response.
 pub async fn http_get(addr: SocketAddr, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out
+    gantry_testkit::fetch(addr.port(), path).await.unwrap()
 }
