@@ -10,9 +10,15 @@
 //! - [`write::update_gateway`]: an update whose outcome is unknown (the
 //!   store or the connection failed after the commit may have landed) is
 //!   resolved by reading back, never applied twice.
+//! - [`manifest`]: Gateway manifests as people write them (YAML or JSON)
+//!   and their conversion to and from the wire messages.
+//! - [`config`]: the config file of named contexts gatewayctl reads and
+//!   gantry-local writes.
 
 #![forbid(unsafe_code)]
 
+pub mod config;
+pub mod manifest;
 pub mod watch;
 pub mod write;
 

@@ -1,94 +1,13 @@
-//! The gatewayctl config file: named contexts (server, token, CA) and the
-//! current one. Flags and environment variables override it.
+//! gatewayctl's `config` commands and how a connection is resolved: flags
+//! and environment variables override the config file
+//! ([`gantry_client::config`]: named contexts and the current one).
 
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+pub use gantry_client::config::{default_path, ConfigFile, Context};
 
 use crate::ctl::Ctl;
 use crate::errors::CtlError;
-
-/// The config file.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct ConfigFile {
-    #[serde(default)]
-    pub current_context: String,
-    #[serde(default)]
-    pub contexts: Vec<Context>,
-}
-
-/// One store to talk to.
-#[derive(Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Context {
-    pub name: String,
-    pub server: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token: Option<String>,
-    /// Path of a PEM CA certificate for an https:// server.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ca: Option<PathBuf>,
-}
-
-impl std::fmt::Debug for Context {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Context")
-            .field("name", &self.name)
-            .field("server", &self.server)
-            .field("token", &self.token.as_ref().map(|_| "***"))
-            .field("ca", &self.ca)
-            .finish()
-    }
-}
-
-/// The default config path: `$HOME/.config/gantry/config.yaml`.
-pub fn default_path() -> PathBuf {
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
-    home.join(".config/gantry/config.yaml")
-}
-
-impl ConfigFile {
-    /// Reads the file; a missing file is an empty config.
-    pub fn load(path: &Path) -> Result<ConfigFile, String> {
-        match std::fs::read_to_string(path) {
-            Ok(text) => serde_saphyr::from_str(&text)
-                .map_err(|e| format!("cannot read config {}: {e}", path.display())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ConfigFile::default()),
-            Err(e) => Err(format!("cannot read config {}: {e}", path.display())),
-        }
-    }
-
-    /// Writes the file (creating its directory), readable by the owner only.
-    pub fn save(&self, path: &Path) -> Result<(), String> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        }
-        let text = serde_saphyr::to_string(self).map_err(|e| e.to_string())?;
-        std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
-        }
-        Ok(())
-    }
-
-    /// The named context, or the current one.
-    pub fn context(&self, name: Option<&str>) -> Option<&Context> {
-        let wanted = name.unwrap_or(&self.current_context);
-        self.contexts.iter().find(|c| c.name == wanted)
-    }
-
-    /// Adds or replaces a context and makes it current.
-    pub fn upsert(&mut self, context: Context) {
-        self.current_context = context.name.clone();
-        match self.contexts.iter_mut().find(|c| c.name == context.name) {
-            Some(existing) => *existing = context,
-            None => self.contexts.push(context),
-        }
-    }
-}
 
 /// `config get-contexts`: the contexts, the current one marked with '*'.
 pub fn get_contexts(file: &ConfigFile, out: &mut impl std::io::Write) -> Result<(), CtlError> {

@@ -11,11 +11,12 @@ pub mod config;
 pub mod ctl;
 pub mod errors;
 pub mod local;
-pub mod manifest;
 pub mod output;
 mod read;
 pub mod template;
 mod write;
+
+pub use gantry_client::manifest;
 
 pub use args::{gateway_name, Condition, LabelChange, RESOURCE_TYPES};
 pub use ctl::{for_each, Ctl};

@@ -8,16 +8,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use gantry_api::v1::{CreateGatewayRequest, GetGatewayRequest, Phase};
-use gantry_ctl::config::{default_path, ConfigFile, Context};
+use gantry_client::config::{default_path, ConfigFile, Context};
+use gantry_reconciler::config::TargetKind;
 use gantry_telemetry::Shutdown;
-
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum Target {
-    Directory,
-    Kube,
-}
 
 /// Run gantry locally: the store and the reconciler in one process.
 #[derive(Parser, Debug)]
@@ -41,8 +36,8 @@ struct Args {
     #[arg(long, env = "GANTRY_RECONCILER_HTTP_LISTEN", default_value = "127.0.0.1:9091")]
     reconciler_http_listen: SocketAddr,
     /// Where manifests go.
-    #[arg(long, env = "GANTRY_TARGET", value_enum, default_value_t = Target::Directory)]
-    target: Target,
+    #[arg(long, env = "GANTRY_TARGET", value_enum, default_value_t = TargetKind::Directory)]
+    target: TargetKind,
     /// Directory for --target directory.
     #[arg(long, env = "GANTRY_DIRECTORY", default_value = "gantry-manifests")]
     directory: PathBuf,
@@ -103,7 +98,7 @@ async fn demo(server: String, token: String) -> anyhow::Result<()> {
     let config =
         gantry_client::ClientConfig { endpoint: server, token: Some(token), ..Default::default() };
     let client = config.connect_lazy()?;
-    let docs = gantry_ctl::manifest::parse(
+    let docs = gantry_client::manifest::parse(
         include_str!("../../../examples/minimal.yaml"),
         "examples/minimal.yaml",
     )?;
@@ -230,57 +225,40 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("{name} failed to start"))
 }
 
-/// The store's flags for `args`: embedded SQLite in the data directory,
-/// the generated tokens.
+/// The store's settings for `args`: embedded SQLite in the data
+/// directory, the generated tokens.
 fn store_config(args: &Args) -> anyhow::Result<gantry_store::config::Config> {
-    let data_dir = args.data_dir.display().to_string();
-    let tokens = args.data_dir.join(TOKENS).display().to_string();
-    Ok(gantry_store::config::Config::try_parse_from([
-        "gateway-store",
-        "--listen",
-        &args.listen.to_string(),
-        "--http-listen",
-        &args.http_listen.to_string(),
-        "--data-dir",
-        &data_dir,
-        "--tokens-file",
-        &tokens,
-    ])?)
+    let mut config = gantry_store::config::Config::from_env()?;
+    config.listen = args.listen;
+    config.http_listen = args.http_listen;
+    config.data_dir = args.data_dir.clone();
+    config.auth.tokens_file = Some(args.data_dir.join(TOKENS));
+    config.auth.allow_unauthenticated = false;
+    Ok(config)
 }
 
-/// The reconciler's flags for `args`, against the store at `server`.
+/// The reconciler's settings for `args`, against the store at `server`.
 fn reconciler_config(
     args: &Args,
     server: &str,
 ) -> anyhow::Result<gantry_reconciler::config::Config> {
-    let mut reconciler_args = vec![
-        "gateway-reconciler".to_string(),
-        "--store".into(),
-        server.to_string(),
-        "--token-file".into(),
-        args.data_dir.join(RECONCILER_TOKEN).display().to_string(),
-        "--http-listen".into(),
-        args.reconciler_http_listen.to_string(),
-        "--namespace".into(),
-        args.namespace.clone(),
-        "--poll-interval".into(),
-        "500ms".into(),
-    ];
+    let mut config = gantry_reconciler::config::Config::from_env()?;
+    config.http_listen = args.reconciler_http_listen;
+    config.gateway_store.store = server.to_string();
+    config.gateway_store.token_file = Some(args.data_dir.join(RECONCILER_TOKEN));
+    config.control.poll_interval = Duration::from_millis(500);
+    let manifests = &mut config.manifests;
+    manifests.namespace = args.namespace.clone();
+    manifests.target = args.target;
     match args.target {
-        Target::Directory => reconciler_args.extend([
-            "--target".into(),
-            "directory".into(),
-            "--directory".into(),
-            args.directory.display().to_string(),
-        ]),
-        Target::Kube => {
-            reconciler_args.extend(["--target".into(), "kube".into()]);
-            if let Some(k) = &args.kubeconfig {
-                reconciler_args.extend(["--kubeconfig".into(), k.display().to_string()]);
+        TargetKind::Directory => manifests.directory = args.directory.clone(),
+        TargetKind::Kube => {
+            if let Some(kubeconfig) = &args.kubeconfig {
+                manifests.kubeconfig = Some(kubeconfig.clone());
             }
         }
     }
-    Ok(gantry_reconciler::config::Config::try_parse_from(&reconciler_args)?)
+    Ok(config)
 }
 
 type Task = tokio::task::JoinHandle<anyhow::Result<()>>;
@@ -298,8 +276,8 @@ async fn running(
     let data_dir = args.data_dir.display().to_string();
     let ctl_config = args.ctl_config.clone().unwrap_or_else(default_path);
     let target = match args.target {
-        Target::Directory => format!("directory {}", args.directory.display()),
-        Target::Kube => format!("kube, namespace {}", args.namespace),
+        TargetKind::Directory => format!("directory {}", args.directory.display()),
+        TargetKind::Kube => format!("kube, namespace {}", args.namespace),
     };
     println!("gantry is running locally (Ctrl-C stops it):");
     println!(
@@ -316,8 +294,8 @@ async fn running(
     println!("  cargo run -p gantry-ctl -- apply -f examples/minimal.yaml");
     // The directory target runs nothing, so nothing becomes Ready there.
     let wait_for = match args.target {
-        Target::Directory => "converged",
-        Target::Kube => "condition=Ready",
+        TargetKind::Directory => "converged",
+        TargetKind::Kube => "condition=Ready",
     };
     println!("  cargo run -p gantry-ctl -- wait edge --for={wait_for}");
     println!("  cargo run -p gantry-ctl -- get -o wide");
@@ -389,4 +367,41 @@ async fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     let mut answer = String::new();
     stream.read_to_string(&mut answer).await.ok()?;
     Some(answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Args {
+        let mut argv = vec!["gantry-local", "--data-dir", "/data", "--listen", "127.0.0.1:7001"];
+        argv.extend_from_slice(extra);
+        Args::parse_from(argv)
+    }
+
+    #[test]
+    fn the_store_serves_the_generated_tokens_from_the_data_directory() {
+        let store = store_config(&args(&[])).unwrap();
+        assert_eq!(store.listen, "127.0.0.1:7001".parse().unwrap());
+        assert_eq!(store.auth.tokens_file, Some(PathBuf::from("/data").join(TOKENS)));
+        assert!(!store.auth.allow_unauthenticated);
+        assert_eq!(store.effective_database_url(), "sqlite:///data/gantry.db");
+    }
+
+    #[test]
+    fn the_reconciler_reaches_the_store_with_its_token_and_writes_where_asked() {
+        let server = "http://127.0.0.1:7001";
+        let directory = reconciler_config(&args(&["--directory", "/out"]), server).unwrap();
+        assert_eq!(directory.gateway_store.store, server);
+        let token = Some(PathBuf::from("/data").join(RECONCILER_TOKEN));
+        assert_eq!(directory.gateway_store.token_file, token);
+        assert_eq!(directory.manifests.target, TargetKind::Directory);
+        assert_eq!(directory.manifests.directory, PathBuf::from("/out"));
+        let kube = args(&["--target", "kube", "--kubeconfig", "/k", "--namespace", "gw"]);
+        let kube = reconciler_config(&kube, server).unwrap();
+        assert_eq!(kube.manifests.target, TargetKind::Kube);
+        assert_eq!(kube.manifests.kubeconfig, Some(PathBuf::from("/k")));
+        assert_eq!(kube.manifests.namespace, "gw");
+        assert!(kube.validate().is_ok());
+    }
 }

@@ -202,6 +202,13 @@ pub struct LeaderArgs {
 }
 
 impl Config {
+    /// Every flag at its environment variable or its default, as the
+    /// binary starts with no flags (for gantry-local, which then sets the
+    /// fields it decides).
+    pub fn from_env() -> Result<Self, clap::Error> {
+        Self::try_parse_from(["gateway-reconciler"])
+    }
+
     /// Refuses durations that would make a loop spin or an election unsafe,
     /// naming the flag.
     pub fn validate(&self) -> Result<(), String> {

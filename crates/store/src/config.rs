@@ -160,6 +160,13 @@ pub struct TlsArgs {
 }
 
 impl Config {
+    /// Every flag at its environment variable or its default, as the
+    /// binary starts with no flags (for gantry-local, which then sets the
+    /// fields it decides).
+    pub fn from_env() -> Result<Self, clap::Error> {
+        Self::try_parse_from(["gateway-store"])
+    }
+
     /// The database URL in effect.
     pub fn effective_database_url(&self) -> String {
         match &self.database_url {
