@@ -7,11 +7,11 @@
 use std::time::Duration;
 
 use gantry_api::v1::{
-    CreateGatewayRequest, DeleteGatewayRequest, Gateway, GatewaySpec, GatewayStatus,
-    GetGatewayRequest, ListGatewaysRequest, ObjectMeta, Phase, UpdateGatewayRequest,
-    WatchGatewaysRequest,
+    CreateGatewayRequest, DeleteGatewayRequest, Gateway, GatewayStatus, GetGatewayRequest,
+    ListGatewaysRequest, Phase, UpdateGatewayRequest, WatchGatewaysRequest,
 };
 use gantry_client::{ClientConfig, GatewayClient};
+use gantry_testkit::gateway::gateway;
 use gantry_testkit::{temp_dir, StoreProcess};
 use prost_types::FieldMask;
 use tonic::Code;
@@ -92,14 +92,6 @@ fn expected(rpc: Rpc, credential: Credential) -> Code {
     }
 }
 
-fn gateway(name: &str, image: &str) -> Gateway {
-    Gateway {
-        metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
-        spec: Some(GatewaySpec { image: image.into(), ..Default::default() }),
-        status: None,
-    }
-}
-
 fn client(store: &StoreProcess, credential: Credential) -> GatewayClient {
     ClientConfig { endpoint: store.endpoint(), token: token(credential), ..Default::default() }
         .connect_lazy()
@@ -122,7 +114,7 @@ async fn call(
     if rpc != Rpc::Create {
         admin
             .create_gateway(CreateGatewayRequest {
-                gateway: Some(gateway(&name, "gw:1")),
+                gateway: Some(gateway(&name).image("gw:1").build()),
                 validate_only: false,
             })
             .await
@@ -134,7 +126,7 @@ async fn call(
         Rpc::Create => code(
             client
                 .create_gateway(CreateGatewayRequest {
-                    gateway: Some(gateway(&name, "gw:1")),
+                    gateway: Some(gateway(&name).image("gw:1").build()),
                     validate_only: false,
                 })
                 .await
@@ -146,7 +138,7 @@ async fn call(
         Rpc::UpdateSpec => code(
             client
                 .update_gateway(UpdateGatewayRequest {
-                    gateway: Some(gateway(&format!("g{case}"), "gw:2")),
+                    gateway: Some(gateway(&format!("g{case}")).image("gw:2").build()),
                     update_mask: Some(FieldMask { paths: vec!["spec".into()] }),
                     validate_only: false,
                 })
@@ -154,7 +146,7 @@ async fn call(
                 .map(drop),
         ),
         Rpc::UpdateLabels | Rpc::UpdateAnnotations | Rpc::UpdateFinalizers => {
-            let mut g = gateway(&format!("g{case}"), "gw:1");
+            let mut g = gateway(&format!("g{case}")).image("gw:1").build();
             let meta = g.metadata.as_mut().unwrap();
             let path = match rpc {
                 Rpc::UpdateLabels => {
@@ -182,7 +174,7 @@ async fn call(
             )
         }
         Rpc::UpdateStatus => {
-            let mut g = gateway(&format!("g{case}"), "gw:1");
+            let mut g = gateway(&format!("g{case}")).image("gw:1").build();
             g.status = Some(GatewayStatus {
                 observed_generation: 1,
                 phase: Phase::Provisioning as i32,

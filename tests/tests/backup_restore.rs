@@ -11,25 +11,19 @@ use std::path::Path;
 use std::process::Command;
 
 use gantry_api::v1::{
-    CreateGatewayRequest, Gateway, GatewaySpec, ListGatewaysRequest, ObjectMeta,
-    UpdateGatewayRequest, WatchGatewaysRequest,
+    CreateGatewayRequest, ListGatewaysRequest, UpdateGatewayRequest, WatchGatewaysRequest,
 };
 use gantry_client::GatewayClient;
 use gantry_testkit::eventually;
+use gantry_testkit::gateway::gateway;
 use gantry_testkit::{in_ci, skipped, temp_dir, StoreProcess, TestDatabase};
 use tokio_stream::StreamExt;
 
-fn gateway(name: &str, image: &str) -> Gateway {
-    Gateway {
-        metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
-        spec: Some(GatewaySpec { image: image.into(), ..Default::default() }),
-        status: None,
-    }
-}
-
 async fn create(c: &GatewayClient, name: &str, image: &str) -> i64 {
-    let request =
-        CreateGatewayRequest { gateway: Some(gateway(name, image)), validate_only: false };
+    let request = CreateGatewayRequest {
+        gateway: Some(gateway(name).image(image).build()),
+        validate_only: false,
+    };
     let g = c.clone().create_gateway(request).await.unwrap().into_inner();
     g.metadata.unwrap().resource_version
 }
@@ -37,7 +31,7 @@ async fn create(c: &GatewayClient, name: &str, image: &str) -> i64 {
 async fn update(c: &GatewayClient, name: &str, image: &str) -> i64 {
     let mask = prost_types::FieldMask { paths: vec!["spec".into()] };
     let request = UpdateGatewayRequest {
-        gateway: Some(gateway(name, image)),
+        gateway: Some(gateway(name).image(image).build()),
         update_mask: Some(mask),
         validate_only: false,
     };
@@ -104,7 +98,7 @@ async fn before_during_and_after_the_backup(c: &GatewayClient, backup: impl FnOn
             let mut i = 0;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let name = format!("stream-{i:04}");
-                let mut g = gateway(&name, "ghcr.io/acme/gw:1");
+                let mut g = gateway(&name).image("ghcr.io/acme/gw:1").build();
                 let config = (0..64).map(|k| (format!("key-{k:02}"), "x".repeat(64))).collect();
                 g.spec.as_mut().unwrap().config = config;
                 let request = CreateGatewayRequest { gateway: Some(g), validate_only: false };

@@ -15,11 +15,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gantry_api::v1::{
-    CreateGatewayRequest, DeleteGatewayRequest, Gateway, GatewaySpec, GetGatewayRequest,
-    ObjectMeta, UpdateGatewayRequest,
+    CreateGatewayRequest, DeleteGatewayRequest, Gateway, GetGatewayRequest, UpdateGatewayRequest,
 };
 use gantry_client::{ClientConfig, GatewayClient};
 use gantry_testkit::eventually;
+use gantry_testkit::gateway::gateway;
 use gantry_testkit::linearizability::{
     linearize, revisions_unique_and_in_real_time_order, Answer, Call, GatewayModel, Operation,
 };
@@ -32,14 +32,6 @@ const OPS_PER_CLIENT: usize = 150;
 const KEYS: usize = 4;
 
 type History = Vec<(String, Operation<Call, Answer>)>;
-
-fn gateway(name: &str, image: &str, resource_version: i64) -> Gateway {
-    Gateway {
-        metadata: Some(ObjectMeta { name: name.into(), resource_version, ..Default::default() }),
-        spec: Some(GatewaySpec { image: image.into(), ..Default::default() }),
-        status: None,
-    }
-}
 
 fn rv(g: &Gateway) -> i64 {
     g.metadata.as_ref().map_or(0, |m| m.resource_version)
@@ -56,7 +48,7 @@ async fn run(client: &mut GatewayClient, key: &str, call: &Call) -> Option<Answe
         Call::Create { image } => written(
             client
                 .create_gateway(CreateGatewayRequest {
-                    gateway: Some(gateway(key, image, 0)),
+                    gateway: Some(gateway(key).image(image).at_version(0).build()),
                     validate_only: false,
                 })
                 .await,
@@ -64,7 +56,7 @@ async fn run(client: &mut GatewayClient, key: &str, call: &Call) -> Option<Answe
         Call::Update { image, precondition } => written(
             client
                 .update_gateway(UpdateGatewayRequest {
-                    gateway: Some(gateway(key, image, *precondition)),
+                    gateway: Some(gateway(key).image(image).at_version(*precondition).build()),
                     update_mask: Some(FieldMask { paths: vec!["spec".into()] }),
                     validate_only: false,
                 })

@@ -6,11 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use gantry_api::v1::{
-    ConditionStatus, CreateGatewayRequest, DeleteGatewayRequest, Gateway, GatewaySpec,
-    GetGatewayRequest, ObjectMeta, Phase, Route, UpdateGatewayRequest,
-};
-use gantry_client::{ClientConfig, GatewayClient};
+use gantry_api::v1::{ConditionStatus, Gateway, GatewaySpec, ObjectMeta, Phase, Route};
+use gantry_client::ClientConfig;
 use gantry_core::recovery::RecoveryPolicy;
 use gantry_core::retry::Backoff;
 use gantry_kube_fake::{FaultAction, FaultRule, KubeFake, Options};
@@ -20,14 +17,14 @@ use gantry_reconciler::render::RenderSettings;
 use gantry_reconciler::store::{GatewayStore, GrpcStore};
 use gantry_reconciler::targets::kube::{KubeSettings, KubeTarget};
 use gantry_reconciler::targets::Target;
-use gantry_testkit::eventually;
+use gantry_testkit::gateway::named;
+use gantry_testkit::{eventually, Gateways};
 use gantry_testkit::{temp_dir, StoreProcess};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::Ingress;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use prost_types::FieldMask;
 use tonic::Code;
 
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -36,7 +33,7 @@ const PATIENCE: Duration = Duration::from_secs(60);
 struct Rig {
     store: StoreProcess,
     kube: KubeFake,
-    client: GatewayClient,
+    gateways: Gateways,
     kube_client: kube::Client,
     reconciler: Reconciler,
     settings: Settings,
@@ -126,9 +123,9 @@ impl Rig {
         let kube_client =
             kube::Client::try_from(kube::Config::new(kube.url().parse().unwrap())).unwrap();
         let config = ClientConfig { endpoint: store.endpoint(), ..Default::default() };
-        let client = gantry_client::connect(&config).await.unwrap();
+        let gateways = Gateways::new(gantry_client::connect(&config).await.unwrap());
         let reconciler = Reconciler::start(&config, &kube_client, &settings, &kube_settings);
-        Rig { store, kube, client, kube_client, reconciler, settings, kube_settings, dir }
+        Rig { store, kube, gateways, kube_client, reconciler, settings, kube_settings, dir }
     }
 
     /// Stops the reconciler and starts another (a restarted process).
@@ -145,40 +142,15 @@ impl Rig {
     }
 
     async fn create(&self, name: &str, spec: GatewaySpec) -> Gateway {
-        let g = Gateway {
-            metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
-            spec: Some(spec),
-            status: None,
-        };
-        self.client
-            .clone()
-            .create_gateway(CreateGatewayRequest { gateway: Some(g), validate_only: false })
-            .await
-            .unwrap()
-            .into_inner()
+        self.gateways.create_spec(name, spec).await
     }
 
-    async fn update(&self, g: Gateway, paths: &[&str]) -> Gateway {
-        let mask = Some(FieldMask { paths: paths.iter().map(|p| p.to_string()).collect() });
-        self.client
-            .clone()
-            .update_gateway(UpdateGatewayRequest {
-                gateway: Some(g),
-                update_mask: mask,
-                validate_only: false,
-            })
-            .await
-            .unwrap()
-            .into_inner()
+    async fn update(&self, g: impl Into<Gateway>, paths: &[&str]) -> Gateway {
+        self.gateways.update(g, paths).await
     }
 
     async fn set_spec(&self, name: &str, spec: GatewaySpec) -> Gateway {
-        let g = Gateway {
-            metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
-            spec: Some(spec),
-            status: None,
-        };
-        self.update(g, &["spec"]).await
+        self.gateways.set_spec(name, spec).await
     }
 
     /// Waits until the gateway observed `generation` and is RUNNING.
@@ -191,17 +163,12 @@ impl Rig {
     }
 
     async fn get(&self, name: &str) -> Result<Gateway, tonic::Status> {
-        self.client
-            .clone()
-            .get_gateway(GetGatewayRequest { name: name.into() })
-            .await
-            .map(|r| r.into_inner())
+        self.gateways.get(name).await
     }
 
     /// Polls the store until `done` holds for the gateway.
     async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Gateway) -> bool) -> Gateway {
-        gantry_testkit::wait_for_gateway(&self.client, name, what, PATIENCE, done, String::new)
-            .await
+        self.gateways.wait_for(name, what, PATIENCE, done, String::new).await
     }
 
     async fn wait_running(&self, name: &str) -> Gateway {
@@ -284,12 +251,7 @@ async fn a_gateway_converges_changes_and_is_deleted() {
     // Labels only: the reconciler looks, and writes nothing to the cluster.
     rig.kube.clear_requests();
     let before = rig.reconciles();
-    let mut labels = Gateway {
-        metadata: Some(ObjectMeta { name: "edge".into(), ..Default::default() }),
-        ..Default::default()
-    };
-    labels.metadata.as_mut().unwrap().labels.insert("team".into(), "edge".into());
-    rig.update(labels, &["metadata.labels"]).await;
+    rig.update(named("edge").label("team", "edge"), &["metadata.labels"]).await;
     eventually(PATIENCE, "the label change was never looked at", || async {
         rig.reconciles() > before
     })
@@ -320,15 +282,7 @@ async fn a_gateway_converges_changes_and_is_deleted() {
     assert!(pdbs.get_opt("edge").await.unwrap().is_none(), "the PDB was pruned");
 
     // Delete: owned objects go, then the finalizer, then the gateway.
-    rig.client
-        .clone()
-        .delete_gateway(DeleteGatewayRequest {
-            name: "edge".into(),
-            resource_version: 0,
-            validate_only: false,
-        })
-        .await
-        .unwrap();
+    rig.gateways.delete("edge").await;
     eventually(PATIENCE, "the gateway was never removed", || async {
         rig.get("edge").await.is_err()
     })
@@ -492,16 +446,7 @@ async fn a_retry_request_resets_a_failed_gateway_without_a_spec_change() {
     })
     .await;
     rig.kube.clear_faults();
-    let mut retry = Gateway {
-        metadata: Some(ObjectMeta { name: "stuck".into(), ..Default::default() }),
-        ..Default::default()
-    };
-    retry
-        .metadata
-        .as_mut()
-        .unwrap()
-        .annotations
-        .insert(RETRY_ANNOTATION.into(), "2026-12-03T10:00:00Z".into());
+    let retry = named("stuck").annotation(RETRY_ANNOTATION, "2026-12-03T10:00:00Z");
     let generation = meta(&rig.update(retry, &["metadata.annotations"]).await).generation;
     let recovered = rig.wait_running("stuck").await;
     assert_eq!(meta(&recovered).generation, generation, "no spec change was needed");

@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use gantry_api::v1::{
     ConditionStatus, CreateGatewayRequest, DeleteGatewayRequest, Gateway, GatewaySpec,
-    GetGatewayRequest, ObjectMeta, Phase, Route, UpdateGatewayRequest,
+    GetGatewayRequest, Phase, Route, UpdateGatewayRequest,
 };
 use gantry_client::{ClientConfig, GatewayClient};
 use gantry_kube_fake::{KubeFake, Options};
+use gantry_testkit::gateway::named;
 use gantry_testkit::{eventually, eventually_blocking, eventually_some};
 use gantry_testkit::{http_get, temp_dir, ReconcilerProcess, StoreProcess, TestDatabase};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -20,14 +21,6 @@ use kube::api::{Api, ListParams};
 use prost_types::FieldMask;
 
 const PATIENCE: Duration = Duration::from_secs(60);
-
-fn gateway(name: &str, spec: GatewaySpec) -> Gateway {
-    Gateway {
-        metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
-        spec: Some(spec),
-        status: None,
-    }
-}
 
 fn spec(image: &str) -> GatewaySpec {
     GatewaySpec { image: image.into(), ..Default::default() }
@@ -41,7 +34,7 @@ async fn create(client: &GatewayClient, name: &str, spec: GatewaySpec) {
     client
         .clone()
         .create_gateway(CreateGatewayRequest {
-            gateway: Some(gateway(name, spec)),
+            gateway: Some(named(name).with_spec(spec).build()),
             validate_only: false,
         })
         .await
@@ -53,7 +46,7 @@ async fn set_spec(client: &GatewayClient, name: &str, spec: GatewaySpec) {
     client
         .clone()
         .update_gateway(UpdateGatewayRequest {
-            gateway: Some(gateway(name, spec)),
+            gateway: Some(named(name).with_spec(spec).build()),
             update_mask: mask,
             validate_only: false,
         })

@@ -12,15 +12,11 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use gantry_api::v1::{
-    ConditionStatus, CreateGatewayRequest, DeleteGatewayRequest, Gateway, GatewaySpec,
-    GetGatewayRequest, ObjectMeta, Phase, Route, UpdateGatewayRequest,
-};
-use gantry_client::{ClientConfig, GatewayClient};
+use gantry_api::v1::{ConditionStatus, Gateway, GatewaySpec, Phase, Route};
+use gantry_testkit::gateway::named;
 use gantry_testkit::k8s::{ControlPlane, NEVER_READY_IMAGE, RECONCILER_USER};
 use gantry_testkit::{eventually, eventually_blocking};
-use gantry_testkit::{temp_dir, ReconcilerProcess, StoreProcess};
-use prost_types::FieldMask;
+use gantry_testkit::{temp_dir, Gateways, ReconcilerProcess, StoreProcess};
 use serde_json::Value;
 
 const PATIENCE: Duration = Duration::from_secs(90);
@@ -36,7 +32,7 @@ struct Rig {
     plane: &'static ControlPlane,
     namespace: String,
     store: StoreProcess,
-    client: GatewayClient,
+    gateways: Gateways,
     reconcilers: Vec<ReconcilerProcess>,
     dir: std::path::PathBuf,
 }
@@ -53,10 +49,8 @@ impl Rig {
         let plane = ControlPlane::shared()?;
         let namespace = plane.namespace(prefix);
         let store = StoreProcess::start(database, &dir);
-        let client = ClientConfig { endpoint: store.endpoint(), ..Default::default() }
-            .connect_lazy()
-            .unwrap();
-        Some(Rig { plane, namespace, store, client, reconcilers: Vec::new(), dir })
+        let gateways = Gateways::new(store.client());
+        Some(Rig { plane, namespace, store, gateways, reconcilers: Vec::new(), dir })
     }
 
     /// Starts a reconciler process as the reconciler's identity.
@@ -105,48 +99,21 @@ impl Rig {
     }
 
     async fn create(&self, name: &str, spec: GatewaySpec) {
-        let g = Gateway {
-            metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
-            spec: Some(spec),
-            status: None,
-        };
-        self.client
-            .clone()
-            .create_gateway(CreateGatewayRequest { gateway: Some(g), validate_only: false })
-            .await
-            .unwrap();
+        self.gateways.create_spec(name, spec).await;
     }
 
     async fn set_spec(&self, name: &str, spec: GatewaySpec) {
-        let g = Gateway {
-            metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
-            spec: Some(spec),
-            status: None,
-        };
-        let mask = Some(FieldMask { paths: vec!["spec".into()] });
-        self.client
-            .clone()
-            .update_gateway(UpdateGatewayRequest {
-                gateway: Some(g),
-                update_mask: mask,
-                validate_only: false,
-            })
-            .await
-            .unwrap();
+        self.gateways.set_spec(name, spec).await;
     }
 
     async fn get(&self, name: &str) -> Result<Gateway, tonic::Status> {
-        self.client
-            .clone()
-            .get_gateway(GetGatewayRequest { name: name.into() })
-            .await
-            .map(|r| r.into_inner())
+        self.gateways.get(name).await
     }
 
     /// Polls the store until `done` holds for the gateway.
     async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Gateway) -> bool) -> Gateway {
         let logs = || self.reconcilers.iter().map(|r| r.logs()).collect::<Vec<_>>().join("\n");
-        gantry_testkit::wait_for_gateway(&self.client, name, what, PATIENCE, done, logs).await
+        self.gateways.wait_for(name, what, PATIENCE, done, logs).await
     }
 
     async fn wait_running(&self, name: &str, generation: i64) -> Gateway {
@@ -165,15 +132,7 @@ impl Rig {
     }
 
     async fn delete(&self, name: &str) {
-        self.client
-            .clone()
-            .delete_gateway(DeleteGatewayRequest {
-                name: name.into(),
-                resource_version: 0,
-                validate_only: false,
-            })
-            .await
-            .unwrap();
+        self.gateways.delete(name).await;
     }
 
     /// Waits until `kubectl get kinds` lists nothing gantry could own.
@@ -713,11 +672,7 @@ async fn rendered_manifests_pass_strict_validation_and_the_restricted_standard()
         }),
         ..full_spec("1")
     };
-    let gateway = |name: &str, spec: GatewaySpec| Gateway {
-        metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
-        spec: Some(spec),
-        status: None,
-    };
+    let gateway = |name: &str, spec: GatewaySpec| named(name).with_spec(spec).build();
     let settings = RenderSettings { namespace: namespace.clone(), ..RenderSettings::default() };
     let full = render(&gateway("edge", spec), &settings);
     let kinds: Vec<&str> = full.objects.iter().map(|m| m.kind).collect();

@@ -5,9 +5,10 @@
 
 use gantry_api::v1::{
     CreateGatewayRequest, Gateway, GatewaySpec, GatewayStatus, GetGatewayRequest,
-    ListGatewaysRequest, ObjectMeta, UpdateGatewayRequest,
+    ListGatewaysRequest, UpdateGatewayRequest,
 };
 use gantry_client::ClientConfig;
+use gantry_testkit::gateway::named;
 use gantry_testkit::{temp_dir, StoreProcess};
 use prost::bytes::{Buf, BufMut};
 use prost::Message;
@@ -60,14 +61,6 @@ async fn raw_call(endpoint: &str, method: &str, body: Vec<u8>) -> Result<Vec<u8>
     grpc.unary(tonic::Request::new(body), path, RawCodec).await.map(|r| r.into_inner())
 }
 
-fn gateway(name: &str, spec: GatewaySpec) -> Gateway {
-    Gateway {
-        metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
-        spec: Some(spec),
-        status: None,
-    }
-}
-
 fn image() -> GatewaySpec {
     GatewaySpec { image: "ghcr.io/acme/gw:1".into(), ..Default::default() }
 }
@@ -94,7 +87,7 @@ async fn hostile_requests_get_clear_errors_and_store_nothing() {
         ClientConfig { endpoint: endpoint.clone(), ..Default::default() }.connect_lazy().unwrap();
     client
         .create_gateway(CreateGatewayRequest {
-            gateway: Some(gateway("kept", image())),
+            gateway: Some(named("kept").with_spec(image()).build()),
             validate_only: false,
         })
         .await
@@ -102,7 +95,7 @@ async fn hostile_requests_get_clear_errors_and_store_nothing() {
     let kept =
         client.get_gateway(GetGatewayRequest { name: "kept".into() }).await.unwrap().into_inner();
 
-    let mut many_labels = gateway("labels", image());
+    let mut many_labels = named("labels").with_spec(image()).build();
     many_labels.metadata.as_mut().unwrap().labels =
         (0..20_000).map(|i| (format!("k{i}"), "v".to_string())).collect();
     let mut huge_config = image();
@@ -110,31 +103,35 @@ async fn hostile_requests_get_clear_errors_and_store_nothing() {
     let mut unknown_phase = kept.clone();
     unknown_phase.status =
         Some(GatewayStatus { phase: 99, observed_generation: 1, ..Default::default() });
-    let mut bad_keys = gateway("badkeys", image());
+    let mut bad_keys = named("badkeys").with_spec(image()).build();
     bad_keys.metadata.as_mut().unwrap().labels =
         (0..60).map(|i| (format!("{i}/{}", "K".repeat(300)), "v".to_string())).collect();
-    let mut deep = create(gateway("deep", image()));
+    let mut deep = create(named("deep").with_spec(image()).build());
     // Unknown field 15 as a group nested 200 deep (prost's limit is 100).
     deep.extend(std::iter::repeat_n(0x7b_u8, 200));
     deep.extend(std::iter::repeat_n(0x7c_u8, 200));
-    let oversized = create(gateway(
-        "oversized",
-        GatewaySpec { config: [("big".to_string(), "x".repeat(2 << 20))].into(), ..image() },
-    ));
+    let oversized = create(
+        named("oversized")
+            .with_spec(GatewaySpec {
+                config: [("big".to_string(), "x".repeat(2 << 20))].into(),
+                ..image()
+            })
+            .build(),
+    );
 
     // (case, method, body, expected code, text the message must hold)
     let corpus: Vec<(&str, &str, Vec<u8>, Code, &str)> = vec![
         (
             "invalid UTF-8 in the name",
             "CreateGateway",
-            patch(create(gateway("utf8xx", image())), b"utf8xx", b"utf8\xff\xfe"),
+            patch(create(named("utf8xx").with_spec(image()).build()), b"utf8xx", b"utf8\xff\xfe"),
             Code::InvalidArgument,
             "ObjectMeta.name",
         ),
         (
             "truncated message",
             "CreateGateway",
-            create(gateway("truncated", image()))[..9].to_vec(),
+            create(named("truncated").with_spec(image()).build())[..9].to_vec(),
             Code::InvalidArgument,
             "protobuf",
         ),
@@ -162,14 +159,16 @@ async fn hostile_requests_get_clear_errors_and_store_nothing() {
         (
             "20,000 config entries (over 256 KiB)",
             "CreateGateway",
-            create(gateway("config", huge_config)),
+            create(named("config").with_spec(huge_config).build()),
             Code::InvalidArgument,
             "gateway.spec.config",
         ),
         (
             "negative replicas",
             "CreateGateway",
-            create(gateway("negative", GatewaySpec { replicas: Some(-1), ..image() })),
+            create(
+                named("negative").with_spec(GatewaySpec { replicas: Some(-1), ..image() }).build(),
+            ),
             Code::InvalidArgument,
             "gateway.spec.replicas",
         ),
@@ -188,7 +187,7 @@ async fn hostile_requests_get_clear_errors_and_store_nothing() {
         (
             "name of 10,000 characters",
             "CreateGateway",
-            create(gateway(&"a".repeat(10_000), image())),
+            create(named(&"a".repeat(10_000)).with_spec(image()).build()),
             Code::InvalidArgument,
             "gateway.metadata.name",
         ),

@@ -9,10 +9,11 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gantry_api::v1::{CreateGatewayRequest, Gateway, GatewaySpec, ObjectMeta};
+use gantry_api::v1::CreateGatewayRequest;
 use gantry_client::watch::{list_then_watch, WatchOptions, WatchUpdate};
 use gantry_client::ClientConfig;
 use gantry_testkit::eventually;
+use gantry_testkit::gateway::gateway;
 use gantry_testkit::{temp_dir, StoreProcess, TestDatabase};
 use tokio_stream::StreamExt;
 use tonic::Code;
@@ -20,14 +21,6 @@ use tonic::Code;
 const WRITERS: usize = 4;
 const KILLS: usize = 10;
 const TARGET_ACKS: usize = 1200;
-
-fn gateway(name: &str) -> Gateway {
-    Gateway {
-        metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
-        spec: Some(GatewaySpec { image: "ghcr.io/acme/gw:1".into(), ..Default::default() }),
-        status: None,
-    }
-}
 
 async fn kill_and_restart_loses_nothing(database_url: &str, label: &str) {
     let dir = temp_dir(label);
@@ -94,7 +87,7 @@ async fn kill_and_restart_loses_nothing(database_url: &str, label: &str) {
                 loop {
                     match client
                         .create_gateway(CreateGatewayRequest {
-                            gateway: Some(gateway(&name)),
+                            gateway: Some(gateway(&name).build()),
                             validate_only: false,
                         })
                         .await

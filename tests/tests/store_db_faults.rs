@@ -8,22 +8,15 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gantry_api::v1::{CreateGatewayRequest, Gateway, GatewaySpec, ListGatewaysRequest, ObjectMeta};
+use gantry_api::v1::{CreateGatewayRequest, ListGatewaysRequest};
 use gantry_client::{ClientConfig, GatewayClient};
 use gantry_testkit::eventually;
+use gantry_testkit::gateway::gateway;
 use gantry_testkit::{http_get, temp_dir, StoreProcess, TestDatabase};
 use tonic::Code;
 
 const TERMINATE: &str =
     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}' AND pid <> pg_backend_pid()";
-
-fn gateway(name: &str) -> Gateway {
-    Gateway {
-        metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
-        spec: Some(GatewaySpec { image: "ghcr.io/acme/gw:1".into(), ..Default::default() }),
-        status: None,
-    }
-}
 
 fn ready(store: &StoreProcess) -> bool {
     http_get(store.http, "/readyz").is_some_and(|r| r.starts_with("HTTP/1.1 200"))
@@ -43,7 +36,10 @@ const REFUSING: u8 = 1;
 
 async fn create(client: &mut GatewayClient, name: &str) -> Result<(), Code> {
     client
-        .create_gateway(CreateGatewayRequest { gateway: Some(gateway(name)), validate_only: false })
+        .create_gateway(CreateGatewayRequest {
+            gateway: Some(gateway(name).build()),
+            validate_only: false,
+        })
         .await
         .map(drop)
         .map_err(|s| s.code())

@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gantry_api::v1::{
-    CreateGatewayRequest, Gateway, GatewaySpec, GetGatewayRequest, ListGatewaysRequest, ObjectMeta,
-    WatchGatewaysRequest,
+    CreateGatewayRequest, GetGatewayRequest, ListGatewaysRequest, WatchGatewaysRequest,
 };
 use gantry_client::ClientConfig;
 use gantry_testkit::eventually;
+use gantry_testkit::gateway::gateway;
 use gantry_testkit::{http_get, temp_dir, StoreProcess};
 use tonic::Code;
 
@@ -29,14 +29,6 @@ fn sqlite_store(
     let store = StoreProcess::start_with(&url, &dir, flags);
     let config = ClientConfig { endpoint: store.endpoint(), ..Default::default() };
     (dir, url, store, config)
-}
-
-fn gateway(name: &str) -> Gateway {
-    Gateway {
-        metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
-        spec: Some(GatewaySpec { image: "ghcr.io/acme/gw:1".into(), ..Default::default() }),
-        status: None,
-    }
 }
 
 /// (upper bound in seconds, cumulative count) of each bucket of a
@@ -70,7 +62,7 @@ async fn a_flood_is_shed_and_a_well_behaved_client_still_gets_answers() {
     let (dir, _, store, config) = sqlite_store("limits", &["--max-calls-per-connection", "4"]);
     let mut setup = gantry_client::connect(&config).await.unwrap();
     for i in 0..200 {
-        let g = gateway(&format!("g{i:03}"));
+        let g = gateway(&format!("g{i:03}")).build();
         setup
             .create_gateway(CreateGatewayRequest { gateway: Some(g), validate_only: false })
             .await
@@ -225,7 +217,7 @@ async fn a_call_stuck_on_the_database_ends_at_the_request_timeout() {
     let stuck = tokio::time::timeout(
         Duration::from_secs(20),
         client.create_gateway(CreateGatewayRequest {
-            gateway: Some(gateway("stuck")),
+            gateway: Some(gateway("stuck").build()),
             validate_only: false,
         }),
     )
@@ -244,7 +236,7 @@ async fn a_call_stuck_on_the_database_ends_at_the_request_timeout() {
     loop {
         let created = client
             .create_gateway(CreateGatewayRequest {
-                gateway: Some(gateway("after")),
+                gateway: Some(gateway("after").build()),
                 validate_only: false,
             })
             .await;
@@ -337,7 +329,7 @@ async fn idle_connections_past_the_limits_neither_stop_nor_spin_the_store() {
         let mut polite = gantry_client::connect(&config).await.unwrap();
         polite
             .create_gateway(CreateGatewayRequest {
-                gateway: Some(gateway("g")),
+                gateway: Some(gateway("g").build()),
                 validate_only: false,
             })
             .await
@@ -392,7 +384,10 @@ async fn idle_connections_close_but_an_open_watch_is_not_idle() {
     let (dir, _, store, config) = sqlite_store("idle", &["--idle-timeout", "1s"]);
     let mut client = gantry_client::connect(&config).await.unwrap();
     client
-        .create_gateway(CreateGatewayRequest { gateway: Some(gateway("g")), validate_only: false })
+        .create_gateway(CreateGatewayRequest {
+            gateway: Some(gateway("g").build()),
+            validate_only: false,
+        })
         .await
         .unwrap();
     let mut watcher = gantry_client::connect(&config).await.unwrap();
@@ -408,7 +403,10 @@ async fn idle_connections_close_but_an_open_watch_is_not_idle() {
     // The watch, open for longer than the idle timeout, still delivers.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     client
-        .create_gateway(CreateGatewayRequest { gateway: Some(gateway("h")), validate_only: false })
+        .create_gateway(CreateGatewayRequest {
+            gateway: Some(gateway("h").build()),
+            validate_only: false,
+        })
         .await
         .unwrap();
     let event = tokio::time::timeout(Duration::from_secs(10), watch.next())
@@ -439,7 +437,7 @@ async fn a_connection_whose_only_call_is_a_watch_stays_open() {
     let mut client = gantry_client::connect(&config).await.unwrap();
     client
         .create_gateway(CreateGatewayRequest {
-            gateway: Some(gateway("late")),
+            gateway: Some(gateway("late").build()),
             validate_only: false,
         })
         .await
@@ -504,7 +502,7 @@ async fn watch_attack(store: &StoreProcess, config: &ClientConfig, label: &str) 
     let pid = store.pid().unwrap();
     let mut c = gantry_client::connect(config).await.unwrap();
     let big = |name: &str, image: &str| {
-        let mut g = gateway(name);
+        let mut g = gateway(name).build();
         let spec = g.spec.as_mut().unwrap();
         spec.image = image.into();
         // The largest config a gateway may have.
@@ -596,7 +594,10 @@ async fn an_update_of_unknown_outcome_is_resolved_by_reading_back_and_applied_on
     let (dir, url, store, config) = sqlite_store("unknown-outcome", &["--request-timeout", "1s"]);
     let mut client = gantry_client::connect(&config).await.unwrap();
     let created = client
-        .create_gateway(CreateGatewayRequest { gateway: Some(gateway("g")), validate_only: false })
+        .create_gateway(CreateGatewayRequest {
+            gateway: Some(gateway("g").build()),
+            validate_only: false,
+        })
         .await
         .unwrap();
     let created = created.into_inner().metadata.unwrap();
@@ -607,7 +608,7 @@ async fn an_update_of_unknown_outcome_is_resolved_by_reading_back_and_applied_on
         tokio::time::sleep(Duration::from_millis(1500)).await;
         sqlx::query("ROLLBACK").execute(&mut locker).await.unwrap();
     });
-    let mut change = gateway("g");
+    let mut change = gateway("g").build();
     change.metadata.as_mut().unwrap().resource_version = created.resource_version;
     change.spec.as_mut().unwrap().image = "ghcr.io/acme/gw:2".into();
     let request = gantry_api::v1::UpdateGatewayRequest {

@@ -5,21 +5,11 @@
 
 use std::time::Duration;
 
-use gantry_api::v1::{
-    CreateGatewayRequest, Gateway, GatewaySpec, ListGatewaysRequest, ObjectMeta,
-    WatchGatewaysRequest,
-};
+use gantry_api::v1::{CreateGatewayRequest, ListGatewaysRequest, WatchGatewaysRequest};
 use gantry_client::ClientConfig;
+use gantry_testkit::gateway::gateway;
 use gantry_testkit::{temp_dir, StoreProcess, TestDatabase};
 use tokio_stream::StreamExt;
-
-fn gateway(name: &str) -> Gateway {
-    Gateway {
-        metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
-        spec: Some(GatewaySpec { image: "gw:1".into(), ..Default::default() }),
-        status: None,
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_store_processes_share_one_history() {
@@ -46,7 +36,7 @@ async fn two_store_processes_share_one_history() {
         let client = if i < 30 || i % 2 == 0 { &mut ca } else { &mut cb };
         let g = client
             .create_gateway(CreateGatewayRequest {
-                gateway: Some(gateway(&format!("gw-{i}"))),
+                gateway: Some(gateway(&format!("gw-{i}")).build()),
                 validate_only: false,
             })
             .await;

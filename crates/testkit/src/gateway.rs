@@ -15,6 +15,16 @@ pub fn gateway(name: &str) -> GatewayBuilder {
     })
 }
 
+/// Only the name of gateway `name`, no spec: what an update of its
+/// metadata or a change of its whole spec sends.
+pub fn named(name: &str) -> GatewayBuilder {
+    GatewayBuilder(Gateway {
+        metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
+        spec: None,
+        status: None,
+    })
+}
+
 /// A [`Gateway`] being built.
 #[derive(Debug, Clone)]
 pub struct GatewayBuilder(Gateway);
@@ -64,6 +74,27 @@ impl GatewayBuilder {
     #[must_use]
     pub fn weighing(self, bytes: usize) -> Self {
         self.config("padding", &"x".repeat(bytes))
+    }
+
+    /// `spec` as its whole spec.
+    #[must_use]
+    pub fn with_spec(mut self, spec: GatewaySpec) -> Self {
+        self.0.spec = Some(spec);
+        self
+    }
+
+    /// An annotation.
+    #[must_use]
+    pub fn annotation(mut self, key: &str, value: &str) -> Self {
+        self.meta().annotations.insert(key.into(), value.into());
+        self
+    }
+
+    /// The version the write is conditional on.
+    #[must_use]
+    pub fn at_version(mut self, resource_version: i64) -> Self {
+        self.meta().resource_version = resource_version;
+        self
     }
 
     pub fn build(self) -> Gateway {

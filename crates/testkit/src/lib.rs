@@ -177,6 +177,7 @@ pub fn server_certificate(
     (ca.pem(), server.pem(), server_key.serialize_pem())
 }
 
+pub mod calls;
 pub mod db;
 pub mod gateway;
 pub mod k8s;
@@ -185,6 +186,7 @@ pub mod process;
 mod services;
 pub mod wait;
 
+pub use calls::Gateways;
 pub use db::{Backend, TestDatabase};
 pub use process::Process;
 pub use services::{ReconcilerProcess, StoreProcess};

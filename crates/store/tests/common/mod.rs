@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gantry_api::v1::gateway_service_client::GatewayServiceClient;
-use gantry_api::v1::{CreateGatewayRequest, Gateway, GatewaySpec, ObjectMeta};
+use gantry_api::v1::{CreateGatewayRequest, Gateway, ObjectMeta};
 use gantry_store::grpc::auth::{Auth, Authenticator};
 use gantry_store::storage::Storage;
 use gantry_store::{Settings, WatchSettings};
@@ -203,11 +203,7 @@ pub type Client = GatewayServiceClient<InterceptedService<Channel, Bearer>>;
 
 /// A Gateway with a name and an image.
 pub fn gateway(name: &str, image: &str) -> Gateway {
-    Gateway {
-        metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
-        spec: Some(GatewaySpec { image: image.into(), ..Default::default() }),
-        status: None,
-    }
+    gantry_testkit::gateway::gateway(name).image(image).build()
 }
 
 pub async fn create(client: &mut Client, g: Gateway) -> Gateway {

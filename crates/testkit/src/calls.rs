@@ -1,0 +1,81 @@
+//! The store calls a test makes, one line each: [`Gateways`] wraps a
+//! client and answers with the gateway (or panics with the status), so a
+//! test reads as its scenario. Both reconciler rigs (in-process against
+//! kube-fake, processes against a real control plane) reach the store
+//! through it.
+
+use std::time::Duration;
+
+use gantry_api::v1::{
+    CreateGatewayRequest, DeleteGatewayRequest, Gateway, GatewaySpec, GetGatewayRequest,
+    UpdateGatewayRequest,
+};
+use gantry_client::GatewayClient;
+use prost_types::FieldMask;
+
+use crate::gateway::named;
+
+/// A store's gateways, through `client`.
+#[derive(Debug, Clone)]
+pub struct Gateways {
+    pub client: GatewayClient,
+}
+
+impl Gateways {
+    pub fn new(client: GatewayClient) -> Self {
+        Self { client }
+    }
+
+    /// Creates `gateway`; the stored copy.
+    pub async fn create(&self, gateway: impl Into<Gateway>) -> Gateway {
+        let request = CreateGatewayRequest { gateway: Some(gateway.into()), validate_only: false };
+        self.client.clone().create_gateway(request).await.expect("create the gateway").into_inner()
+    }
+
+    /// Creates gateway `name` with `spec`.
+    pub async fn create_spec(&self, name: &str, spec: GatewaySpec) -> Gateway {
+        self.create(named(name).with_spec(spec)).await
+    }
+
+    /// Writes the `paths` of `gateway` (an update mask).
+    pub async fn update(&self, gateway: impl Into<Gateway>, paths: &[&str]) -> Gateway {
+        let mask = Some(FieldMask { paths: paths.iter().map(|p| p.to_string()).collect() });
+        let request = UpdateGatewayRequest {
+            gateway: Some(gateway.into()),
+            update_mask: mask,
+            validate_only: false,
+        };
+        self.client.clone().update_gateway(request).await.expect("update the gateway").into_inner()
+    }
+
+    /// Replaces the spec of `name`.
+    pub async fn set_spec(&self, name: &str, spec: GatewaySpec) -> Gateway {
+        self.update(named(name).with_spec(spec), &["spec"]).await
+    }
+
+    /// The stored gateway, or the store's answer.
+    pub async fn get(&self, name: &str) -> Result<Gateway, tonic::Status> {
+        let request = GetGatewayRequest { name: name.into() };
+        self.client.clone().get_gateway(request).await.map(tonic::Response::into_inner)
+    }
+
+    /// Deletes `name` (whatever its version).
+    pub async fn delete(&self, name: &str) {
+        let request =
+            DeleteGatewayRequest { name: name.into(), resource_version: 0, validate_only: false };
+        self.client.clone().delete_gateway(request).await.expect("delete the gateway");
+    }
+
+    /// Polls until `done` holds for `name`, for at most `patience`; the
+    /// failure shows its last status and `explain()`.
+    pub async fn wait_for(
+        &self,
+        name: &str,
+        what: &str,
+        patience: Duration,
+        done: impl Fn(&Gateway) -> bool,
+        explain: impl Fn() -> String,
+    ) -> Gateway {
+        crate::wait_for_gateway(&self.client, name, what, patience, done, explain).await
+    }
+}
