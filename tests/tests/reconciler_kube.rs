@@ -180,6 +180,14 @@ impl Rig {
         .await
     }
 
+    /// Waits until no pass runs or is due: what follows asserts that
+    /// nothing more happened.
+    async fn wait_idle(&self) {
+        let controller = &self.reconciler.controller;
+        eventually(PATIENCE, "the reconciler never went idle", || async { controller.is_idle() })
+            .await;
+    }
+
     fn reconciles(&self) -> u64 {
         let text = self.reconciler.metrics.encode();
         text.lines()
@@ -463,7 +471,7 @@ async fn checking_a_converged_gateway_sends_no_request_to_the_cluster() {
     let rig = Rig::start().await;
     let g = rig.create("quiet", spec("ghcr.io/acme/gw:1")).await;
     rig.wait_running("quiet").await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    rig.wait_idle().await;
     rig.kube.clear_requests();
     let passes = rig.reconciles();
     let mut labelled = rig.get("quiet").await.unwrap();
@@ -473,7 +481,7 @@ async fn checking_a_converged_gateway_sends_no_request_to_the_cluster() {
         rig.reconciles() > passes
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    rig.wait_idle().await;
     let requests: Vec<String> = rig
         .kube
         .requests()
@@ -496,7 +504,7 @@ async fn a_restart_leaves_converged_gateways_untouched_while_its_watches_list() 
     let mut rig = Rig::start().await;
     rig.create("steady", spec("ghcr.io/acme/gw:1")).await;
     let converged = rig.wait_running("steady").await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    rig.wait_idle().await;
     let before = rig.get("steady").await.unwrap();
     assert_eq!(before.status, converged.status);
     // The new process's list of Deployments takes two seconds.
@@ -517,7 +525,7 @@ async fn a_restart_leaves_converged_gateways_untouched_while_its_watches_list() 
     assert_eq!(rig.reconciles(), 0, "a pass ran before the watches listed");
     eventually(PATIENCE, "a pass after the watches listed", || async { rig.reconciles() > 0 })
         .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    rig.wait_idle().await;
     let after = rig.get("steady").await.unwrap();
     assert_eq!(
         meta(&after).resource_version,

@@ -138,6 +138,13 @@ impl WorkQueue {
         self.len() == 0
     }
 
+    /// Nothing to work on now: no name ready, none being worked on (one
+    /// waiting for its time, for backoff or polling, may remain).
+    pub fn is_idle(&self) -> bool {
+        let state = self.lock();
+        state.ready.is_empty() && state.active.is_empty() && state.dirty.is_empty()
+    }
+
     /// Wakes every waiter with `None`.
     pub fn close(&self) {
         self.lock().closed = true;
@@ -162,6 +169,19 @@ mod tests {
         assert!(q.is_empty());
         q.done("a");
         assert_eq!(q.next().await.as_deref(), Some("a"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_only_when_nothing_is_ready_or_being_worked_on() {
+        let q = WorkQueue::default();
+        assert!(q.is_idle());
+        q.add("a");
+        assert!(!q.is_idle(), "one ready");
+        assert_eq!(q.next().await.as_deref(), Some("a"));
+        assert!(!q.is_idle(), "one being worked on");
+        q.add_after("a", Duration::from_secs(5));
+        q.done("a");
+        assert!(q.is_idle(), "only a delayed entry left");
     }
 
     #[tokio::test(start_paused = true)]

@@ -107,6 +107,12 @@ impl Controller {
         self.state.is_synced()
     }
 
+    /// No pass running or due now: what a test waits for before it asserts
+    /// that nothing more happens.
+    pub fn is_idle(&self) -> bool {
+        self.state.is_idle()
+    }
+
     /// Refreshes the gauges read at scrape time.
     pub fn update_gauges(&self) {
         self.state.update_gauges();

@@ -115,6 +115,11 @@ impl State {
         Ok(())
     }
 
+    /// No pass running or due now (see [`WorkQueue::is_idle`]).
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_idle()
+    }
+
     /// Whether the first list of the store has been processed.
     pub fn is_synced(&self) -> bool {
         self.synced.load(Ordering::Relaxed)
