@@ -11,7 +11,7 @@ use gantry_api::v1::{
     CreateGatewayRequest, Gateway, GatewaySpec, ObjectMeta, Phase, WatchGatewaysRequest,
 };
 use gantry_client::ClientConfig;
-use gantry_testkit::{http_get, temp_dir, ReconcilerProcess, StoreProcess};
+use gantry_testkit::{eventually_some, temp_dir, ReconcilerProcess, StoreProcess};
 use tokio_stream::StreamExt;
 
 const ADMIN: &str = "admin-token-000000000001";
@@ -30,24 +30,15 @@ fn replace(path: &std::path::Path, contents: &str) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
-fn readyz(port: u16) -> String {
-    http_get(port, "/readyz").unwrap_or_default()
+/// Polls the reconciler's /readyz until its answer satisfies `done`.
+async fn wait_http(port: u16, what: &str, done: impl Fn(&str) -> bool) -> String {
+    eventually_some(PATIENCE, what, || async {
+        let answer = gantry_testkit::fetch(port, "/readyz").await.unwrap_or_default();
+        done(&answer).then_some(answer)
+    })
+    .await
 }
 
-fn wait_http(port: u16, what: &str, done: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let answer = readyz(port);
-        if done(&answer) {
-            return answer;
-        }
-        assert!(Instant::now() < deadline, "{what}: /readyz answers {answer}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// The status a watch ends with, skipping its events; fails if it stays
-/// open or ends without one.
 async fn ending(
     watch: &mut tonic::Streaming<gantry_api::v1::WatchEvent>,
     what: &str,
@@ -161,12 +152,13 @@ async fn a_reconciler_with_a_revoked_token_is_not_ready_and_resumes_with_a_new_o
             "100ms",
         ],
     );
-    wait_http(reconciler.http, "ready at start", |a| a.starts_with("HTTP/1.1 200"));
+    wait_http(reconciler.http, "ready at start", |a| a.starts_with("HTTP/1.1 200")).await;
 
     // The operator revokes the reconciler's token.
     replace(&store_file, &tokens(&[format!("{ADMIN},root,admin")]));
     let answer =
-        wait_http(reconciler.http, "not ready once revoked", |a| a.starts_with("HTTP/1.1 503"));
+        wait_http(reconciler.http, "not ready once revoked", |a| a.starts_with("HTTP/1.1 503"))
+            .await;
     assert!(answer.contains("Unauthenticated"), "{answer}");
 
     // A gateway created meanwhile waits; a new token in both files and the
@@ -191,7 +183,8 @@ async fn a_reconciler_with_a_revoked_token_is_not_ready_and_resumes_with_a_new_o
         &tokens(&[format!("{ADMIN},root,admin"), format!("{NEW},gateway-reconciler,reconciler")]),
     );
     replace(&reconciler_file, NEW);
-    wait_http(reconciler.http, "ready again with the new token", |a| a.starts_with("HTTP/1.1 200"));
+    wait_http(reconciler.http, "ready again with the new token", |a| a.starts_with("HTTP/1.1 200"))
+        .await;
     gantry_testkit::wait_for_gateway(
         &client,
         "edge",
