@@ -870,9 +870,7 @@ async fn every_owned_kind_is_repaired_an_idle_fleet_costs_no_writes_and_scaling_
         // With a 2 s resync a repair comes within seconds whether the
         // watch or the resync brings it; what is checked is that it comes.
         let what = format!("{kind}: the edit repaired");
-        eventually_blocking(PATIENCE, &what, || {
-            repaired(&rig.json(&["get", kind, "edge"]))
-        });
+        eventually_blocking(PATIENCE, &what, || repaired(&rig.json(&["get", kind, "edge"])));
     }
     rig.wait_running("edge", 1).await;
 }

@@ -76,6 +76,59 @@ impl Gateways {
         done: impl Fn(&Gateway) -> bool,
         explain: impl Fn() -> String,
     ) -> Gateway {
-        crate::wait_for_gateway(&self.client, name, what, patience, done, explain).await
+        wait_for_gateway(&self.client, name, what, patience, done, explain).await
+    }
+}
+
+/// Replays the history from the first revision up to `until` and returns
+/// its revisions, checking that each event is a creation (the crash and
+/// fault tests only create) and that none takes over 30 s to arrive.
+pub async fn replay_creations(client: &mut gantry_client::GatewayClient, until: i64) -> Vec<i64> {
+    use gantry_api::v1::{EventType, WatchGatewaysRequest};
+    use tokio_stream::StreamExt;
+    let mut stream = client
+        .watch_gateways(WatchGatewaysRequest { resource_version: 1, ..Default::default() })
+        .await
+        .expect("watch from the first revision")
+        .into_inner();
+    let mut revisions = Vec::new();
+    while revisions.last().is_none_or(|r| *r < until) {
+        let event = tokio::time::timeout(Duration::from_secs(30), stream.next())
+            .await
+            .expect("the next event within 30 s")
+            .expect("the watch stays open")
+            .expect("a watch event");
+        assert_eq!(event.r#type(), EventType::Added);
+        revisions.push(event.resource_version);
+    }
+    revisions
+}
+
+/// Polls the store until `done` holds for gateway `name`, for at most
+/// `patience`; otherwise panics with its last status and `explain()` (for
+/// example the reconciler's logs).
+pub async fn wait_for_gateway(
+    client: &gantry_client::GatewayClient,
+    name: &str,
+    what: &str,
+    patience: Duration,
+    done: impl Fn(&gantry_api::v1::Gateway) -> bool,
+    explain: impl Fn() -> String,
+) -> gantry_api::v1::Gateway {
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        let request = gantry_api::v1::GetGatewayRequest { name: name.into() };
+        let gateway = client.clone().get_gateway(request).await.expect("get the gateway");
+        let gateway = gateway.into_inner();
+        if done(&gateway) {
+            return gateway;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{name} never became {what}: {:?}\n{}",
+            gateway.status,
+            explain()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

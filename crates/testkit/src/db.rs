@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sqlx::Connection;
 
-use crate::{in_ci, skipped};
+use crate::env::{in_ci, skipped};
 
 /// The store's two backends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -25,7 +25,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::{free_port, temp_dir};
+use crate::certs::server_certificate;
+use crate::env::{free_port, in_ci, skipped, temp_dir, workspace_root};
 
 /// The user the reconciler runs as: the ServiceAccount deploy/ binds its
 /// Role to, presented as a static token.
@@ -37,7 +38,7 @@ const BINARIES: [&str; 6] =
     ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kubectl"];
 
 fn k8s_dir() -> PathBuf {
-    crate::workspace_root().join("tests/k8s")
+    workspace_root().join("tests/k8s")
 }
 
 /// The directory with the control plane's binaries: `GANTRY_K8S_BIN`, or
@@ -67,11 +68,11 @@ pub fn bin_dir() -> Option<PathBuf> {
             return Some(dir);
         }
         assert!(
-            !crate::in_ci(),
+            !in_ci(),
             "CI=true but the Kubernetes binaries {missing:?} are not in {}: run tests/k8s/setup.sh",
             dir.display()
         );
-        crate::skipped(&format!(
+        skipped(&format!(
             "Kubernetes binaries {missing:?} not in {} (build them with tests/k8s/setup.sh k8s)",
             dir.display()
         ));
@@ -115,7 +116,7 @@ struct Certs {
 }
 
 fn certificates() -> Certs {
-    let (ca_pem, server_cert_pem, server_key_pem) = crate::server_certificate(
+    let (ca_pem, server_cert_pem, server_key_pem) = server_certificate(
         "kube-apiserver",
         &["localhost", "kubernetes", "kubernetes.default.svc"],
         &[[127, 0, 0, 1], [10, 0, 0, 1]],
@@ -534,7 +535,7 @@ impl ControlPlane {
 
 /// deploy/ rendered by `kubectl kustomize`: `base` or an overlay's name.
 pub fn kustomize(kubectl: &Path, what: &str) -> Vec<Value> {
-    let deploy = crate::workspace_root().join("deploy");
+    let deploy = workspace_root().join("deploy");
     let dir = if what == "base" { deploy.join("base") } else { deploy.join("overlays").join(what) };
     let out = Command::new(kubectl).arg("kustomize").arg(&dir).output().expect("run kubectl");
     assert!(out.status.success(), "kustomize {what}: {}", String::from_utf8_lossy(&out.stderr));

@@ -127,7 +127,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::eventually_blocking;
+    use crate::wait::eventually_blocking;
 
     fn log_file(label: &str) -> PathBuf {
         let log = std::env::temp_dir().join(format!("gantry-{label}-{}", std::process::id()));

@@ -4,7 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::{binary, free_port, wait_for_gateway, wait_for_http, wait_ready, Process};
+use crate::calls::wait_for_gateway;
+use crate::env::{binary, free_port};
+use crate::http::{wait_for_http, wait_ready};
+use crate::process::Process;
 
 /// How long a service may take to become ready.
 const START: Duration = Duration::from_secs(60);
