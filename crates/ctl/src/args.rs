@@ -2,7 +2,7 @@
 //! `gateway/NAME`), label changes, wait conditions, `create`'s flags.
 
 use crate::errors::CtlError;
-use crate::manifest::{self, GatewayDoc, Metadata, Route, Spec};
+use gantry_client::manifest::{self, GatewayDoc, Metadata, Route, Spec};
 
 /// One argument of `label`: `key=value` or `key-`.
 #[derive(Debug, Clone, PartialEq, Eq)]

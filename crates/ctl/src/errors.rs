@@ -4,7 +4,7 @@
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
-use crate::manifest;
+use gantry_client::manifest;
 
 /// A failure, in words for the person at the terminal.
 #[derive(Debug, thiserror::Error)]

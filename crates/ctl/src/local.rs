@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use crate::ctl::Ctl;
 use crate::errors::CtlError;
-use crate::manifest::{self, GatewayDoc};
+use gantry_client::manifest::{self, GatewayDoc};
 
 fn msg(text: impl Into<String>) -> CtlError {
     CtlError::Message(text.into())

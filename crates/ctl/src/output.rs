@@ -6,8 +6,8 @@ use std::time::SystemTime;
 use gantry_api::v1::{ConditionStatus, Gateway, Phase};
 
 use crate::errors::CtlError;
-use crate::manifest::GatewayDoc;
 use crate::template::{custom_columns, Path, Template};
+use gantry_client::manifest::GatewayDoc;
 
 /// `-o` formats.
 #[derive(Clone, Debug, PartialEq)]

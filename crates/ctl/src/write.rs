@@ -10,7 +10,7 @@ use prost_types::FieldMask;
 use crate::args::{Condition, LabelChange};
 use crate::ctl::{dry_run_note, for_each, metadata_write, Ctl};
 use crate::errors::{msg, CtlError};
-use crate::manifest::{self, GatewayDoc};
+use gantry_client::manifest::{self, GatewayDoc};
 
 /// Annotation `retry` sets (the reconciler resets the retry budget when it
 /// changes).

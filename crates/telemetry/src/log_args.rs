@@ -3,7 +3,7 @@
 
 use clap::{Args, ValueEnum};
 
-use crate::{init, otlp_endpoint, LogStyle, Telemetry, TelemetryError};
+use crate::init::{init, otlp_endpoint, LogStyle, Telemetry, TelemetryError};
 
 /// Logging and tracing flags (flattened into each service's flags).
 #[derive(Args, Clone, Debug)]
