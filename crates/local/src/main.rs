@@ -20,6 +20,9 @@ use gantry_telemetry::Shutdown;
     name = "gantry-local",
     version,
     about,
+    // Quieter than a service alone: the two services' info lines would
+    // drown what gantry-local itself says.
+    mut_arg("log_level", |a| a.default_value("warn,gantry_local=info")),
     after_help = "Examples:\n  gantry-local --demo                     # start, create the example gateway, show it converge\n  gantry-local --target kube --namespace gateways   # apply to the current kubeconfig's cluster"
 )]
 struct Args {
@@ -53,9 +56,8 @@ struct Args {
     /// Create the example gateway "edge" and show it converge.
     #[arg(long, env = "GANTRY_DEMO")]
     demo: bool,
-    /// Log filter.
-    #[arg(long, env = "GANTRY_LOG", default_value = "warn,gantry_local=info")]
-    log_level: String,
+    #[command(flatten)]
+    log: gantry_telemetry::LogArgs,
 }
 
 const TOKENS: &str = "tokens.csv";
@@ -158,13 +160,7 @@ async fn demo(server: String, token: String) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let _telemetry = args.log.init("gantry-local")?;
 
     let admin = ensure_tokens(&args.data_dir)?;
     let server = format!("http://{}", args.listen);
