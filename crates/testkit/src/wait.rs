@@ -41,11 +41,20 @@ where
 
 /// [`eventually`] for code that is not async (a test helper that runs
 /// kubectl): checks `condition` every [`POLL`] on the thread's clock.
+/// Called from a multi-threaded tokio runtime, it first hands this
+/// worker's other tasks to the other workers (`block_in_place`), so a
+/// blocking wait never starves the clients and servers the test runs.
 pub fn eventually_blocking(within: Duration, what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + within;
-    while !condition() {
-        assert!(std::time::Instant::now() < deadline, "not within {within:?}: {what}");
-        std::thread::sleep(POLL);
+    let mut wait = || {
+        let deadline = std::time::Instant::now() + within;
+        while !condition() {
+            assert!(std::time::Instant::now() < deadline, "not within {within:?}: {what}");
+            std::thread::sleep(POLL);
+        }
+    };
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(wait),
+        _ => wait(),
     }
 }
 
@@ -68,5 +77,22 @@ mod tests {
         let never = tokio::spawn(eventually(Duration::from_secs(1), "never", || async { false }));
         let failure = never.await.unwrap_err();
         assert!(failure.is_panic());
+    }
+
+    /// On a multi-threaded runtime a blocking wait leaves the other tasks
+    /// running: here, with one worker, the task that makes its condition
+    /// true (without `block_in_place` the waiter holds the only worker).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_blocking_wait_does_not_starve_the_task_it_waits_for() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let flag = std::sync::Arc::new(AtomicBool::new(false));
+        let seen = flag.clone();
+        let waiter = tokio::spawn(async move {
+            eventually_blocking(Duration::from_secs(5), "the spawned task ran", || {
+                seen.load(Ordering::SeqCst)
+            });
+        });
+        tokio::spawn(async move { flag.store(true, Ordering::SeqCst) });
+        waiter.await.expect("the wait ends once the other task ran");
     }
 }
