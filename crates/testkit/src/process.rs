@@ -76,6 +76,11 @@ impl Process {
         Ok(())
     }
 
+    /// How it ended, once it has (`None` while it runs or was not started).
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.as_mut()?.try_wait().ok().flatten()
+    }
+
     /// The process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)

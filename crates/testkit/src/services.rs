@@ -2,15 +2,68 @@
 //! workspace's binaries and waited on until they answer.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::calls::wait_for_gateway;
 use crate::env::{binary, free_port};
-use crate::http::{wait_for_http, wait_ready};
+use crate::http::http_get;
 use crate::process::Process;
 
 /// How long a service may take to become ready.
 const START: Duration = Duration::from_secs(60);
+/// Starts on fresh ports when a port was taken meanwhile: `free_port`
+/// releases the port it found, and a concurrent test may bind it first.
+const PORT_ATTEMPTS: usize = 3;
+
+/// Why a process did not come up.
+enum NotUp {
+    /// It exited because a port it was given was taken meanwhile.
+    PortTaken(String),
+    /// Anything else (the message has its logs).
+    Failed(String),
+}
+
+/// Waits until `GET path` on `port` answers (200 when `ready`), failing as
+/// soon as the process exits instead of waiting out [`START`].
+fn wait_up(process: &mut Process, port: u16, path: &str, ready: bool) -> Result<String, NotUp> {
+    let deadline = Instant::now() + START;
+    loop {
+        if let Some(answer) = http_get(port, path) {
+            if !ready || answer.starts_with("HTTP/1.1 200") {
+                return Ok(answer);
+            }
+        }
+        if let Some(status) = process.exited() {
+            let logs = process.logs();
+            let why = format!("exited ({status}) before 127.0.0.1:{port}{path} answered:\n{logs}");
+            return Err(if logs.contains("Address already in use") {
+                NotUp::PortTaken(why)
+            } else {
+                NotUp::Failed(why)
+            });
+        }
+        if Instant::now() >= deadline {
+            let logs = process.logs();
+            return Err(NotUp::Failed(format!(
+                "127.0.0.1:{port}{path} did not answer within {START:?}:\n{logs}"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Runs `start` until it comes up, again on fresh ports when a port was
+/// taken, at most [`PORT_ATTEMPTS`] times.
+fn with_fresh_ports<T>(what: &str, mut start: impl FnMut() -> (T, Result<(), NotUp>)) -> T {
+    for attempt in 1..=PORT_ATTEMPTS {
+        match start() {
+            (service, Ok(())) => return service,
+            (_, Err(NotUp::PortTaken(_))) if attempt < PORT_ATTEMPTS => {}
+            (_, Err(NotUp::PortTaken(why) | NotUp::Failed(why))) => panic!("{what} {why}"),
+        }
+    }
+    unreachable!("the last attempt returns or panics")
+}
 
 /// A `gateway-store` process on free ports, restartable with the same
 /// arguments (same ports, same database).
@@ -30,9 +83,11 @@ impl StoreProcess {
 
     /// As [`StoreProcess::start`], with more flags.
     pub fn start_with(database_url: &str, data_dir: &Path, extra: &[&str]) -> StoreProcess {
-        let mut store = Self::new(database_url, data_dir, extra);
-        store.spawn();
-        store
+        with_fresh_ports("gateway-store", || {
+            let mut store = Self::new(database_url, data_dir, extra);
+            let up = store.try_spawn();
+            (store, up)
+        })
     }
 
     /// As [`StoreProcess::start_with`], run with an open-file limit of
@@ -43,10 +98,12 @@ impl StoreProcess {
         extra: &[&str],
         open_files: u32,
     ) -> StoreProcess {
-        let mut store = Self::new(database_url, data_dir, extra);
-        store.process.set_open_files(open_files);
-        store.spawn();
-        store
+        with_fresh_ports("gateway-store", || {
+            let mut store = Self::new(database_url, data_dir, extra);
+            store.process.set_open_files(open_files);
+            let up = store.try_spawn();
+            (store, up)
+        })
     }
 
     fn new(database_url: &str, data_dir: &Path, extra: &[&str]) -> StoreProcess {
@@ -89,9 +146,18 @@ impl StoreProcess {
 
     /// Starts the process (again) and waits for `/readyz`.
     pub fn spawn(&mut self) {
+        if let Err(NotUp::PortTaken(why) | NotUp::Failed(why)) = self.try_spawn() {
+            panic!("gateway-store {why}");
+        }
+    }
+
+    /// Starts the process and waits until `/readyz` answers; it must say
+    /// ready.
+    fn try_spawn(&mut self) -> Result<(), NotUp> {
         self.process.spawn().expect("start gateway-store");
-        let ready = wait_for_http(self.http, "/readyz", START);
+        let ready = wait_up(&mut self.process, self.http, "/readyz", false)?;
         assert!(ready.starts_with("HTTP/1.1 200"), "{ready}\n{}", self.logs());
+        Ok(())
     }
 
     /// Everything the process logged so far (all restarts).
@@ -118,9 +184,11 @@ impl ReconcilerProcess {
     /// Starts the reconciler against `store` with `extra` flags and waits
     /// until it has listed the store.
     pub fn start(store: &str, extra: &[&str]) -> ReconcilerProcess {
-        let reconciler = Self::launch(store, extra);
-        wait_ready(reconciler.http, "/readyz", START);
-        reconciler
+        with_fresh_ports("gateway-reconciler", || {
+            let mut reconciler = Self::launch(store, extra);
+            let up = wait_up(&mut reconciler.process, reconciler.http, "/readyz", true).map(drop);
+            (reconciler, up)
+        })
     }
 
     /// As [`ReconcilerProcess::start`], without waiting for it to be ready.
@@ -145,7 +213,10 @@ impl ReconcilerProcess {
     /// Starts the process (again) and waits for `/readyz`.
     pub fn spawn(&mut self) {
         self.process.spawn().expect("start gateway-reconciler");
-        wait_ready(self.http, "/readyz", START);
+        let up = wait_up(&mut self.process, self.http, "/readyz", true);
+        if let Err(NotUp::PortTaken(why) | NotUp::Failed(why)) = up {
+            panic!("gateway-reconciler {why}");
+        }
     }
 
     /// Everything the process (and its earlier runs) logged.
@@ -188,5 +259,61 @@ impl Drop for ReconcilerProcess {
     fn drop(&mut self) {
         self.process.kill9();
         let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exiting(script: &str) -> Process {
+        let log = std::env::temp_dir().join(format!(
+            "gantry-services-{}-{}",
+            std::process::id(),
+            script.len()
+        ));
+        let _ = std::fs::remove_file(&log);
+        let mut process = Process::new("sh", vec!["-c".into(), script.into()]).log_to(&log);
+        process.spawn().expect("spawn sh");
+        process
+    }
+
+    #[test]
+    fn a_process_that_exits_fails_the_wait_at_once_saying_whether_a_port_was_taken() {
+        let started = Instant::now();
+        let mut taken = exiting("echo 'cannot listen: Address already in use' >&2; exit 1");
+        let port = free_port();
+        assert!(matches!(wait_up(&mut taken, port, "/readyz", true), Err(NotUp::PortTaken(_))));
+        let mut broken = exiting("echo 'the database is corrupt' >&2; exit 2");
+        match wait_up(&mut broken, port, "/readyz", true) {
+            Err(NotUp::Failed(why)) => assert!(why.contains("the database is corrupt"), "{why}"),
+            _ => panic!("a failure other than a taken port"),
+        }
+        // Both ended long before START: the wait watched the process.
+        assert!(started.elapsed() < START / 2);
+    }
+
+    #[test]
+    fn a_taken_port_is_retried_on_fresh_ports_and_anything_else_is_not() {
+        let mut attempts = 0;
+        let started = with_fresh_ports("test", || {
+            attempts += 1;
+            let up = if attempts < PORT_ATTEMPTS {
+                Err(NotUp::PortTaken("taken".into()))
+            } else {
+                Ok(())
+            };
+            (attempts, up)
+        });
+        assert_eq!(started, PORT_ATTEMPTS);
+        let calls = std::cell::Cell::new(0);
+        let failed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            with_fresh_ports("test", || {
+                calls.set(calls.get() + 1);
+                ((), Err(NotUp::Failed("boom".into())))
+            })
+        }));
+        assert_eq!(calls.get(), 1, "a failure that is not a taken port was retried");
+        assert!(failed.is_err());
     }
 }
