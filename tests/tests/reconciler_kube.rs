@@ -18,8 +18,7 @@ use gantry_reconciler::store::{GatewayStore, GrpcStore};
 use gantry_reconciler::targets::kube::{KubeSettings, KubeTarget};
 use gantry_reconciler::targets::Target;
 use gantry_testkit::gateway::named;
-use gantry_testkit::{eventually, Gateways};
-use gantry_testkit::{temp_dir, StoreProcess};
+use gantry_testkit::{eventually, StoreRig};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::Ingress;
@@ -31,14 +30,20 @@ const PATIENCE: Duration = Duration::from_secs(60);
 
 /// Store process + kube-fake + reconciler, torn down on drop.
 struct Rig {
-    store: StoreProcess,
+    base: StoreRig,
     kube: KubeFake,
-    gateways: Gateways,
     kube_client: kube::Client,
     reconciler: Reconciler,
     settings: Settings,
     kube_settings: KubeSettings,
-    dir: std::path::PathBuf,
+}
+
+impl std::ops::Deref for Rig {
+    type Target = StoreRig;
+
+    fn deref(&self) -> &StoreRig {
+        &self.base
+    }
 }
 
 /// One reconciler (a process's worth: its own caches and watches).
@@ -111,9 +116,7 @@ impl Rig {
     }
 
     async fn start_full(settings: Settings, kube_settings: KubeSettings) -> Rig {
-        let dir = temp_dir("reconciler-kube");
-        let store =
-            StoreProcess::start(&format!("sqlite://{}", dir.join("gantry.db").display()), &dir);
+        let base = StoreRig::start("reconciler-kube");
         let kube = KubeFake::start_with(Options {
             rollout_delay: Duration::from_millis(20),
             ..Options::default()
@@ -122,10 +125,9 @@ impl Rig {
         .unwrap();
         let kube_client =
             kube::Client::try_from(kube::Config::new(kube.url().parse().unwrap())).unwrap();
-        let config = ClientConfig { endpoint: store.endpoint(), ..Default::default() };
-        let gateways = Gateways::new(gantry_client::connect(&config).await.unwrap());
+        let config = ClientConfig { endpoint: base.store.endpoint(), ..Default::default() };
         let reconciler = Reconciler::start(&config, &kube_client, &settings, &kube_settings);
-        Rig { store, kube, gateways, kube_client, reconciler, settings, kube_settings, dir }
+        Rig { base, kube, kube_client, reconciler, settings, kube_settings }
     }
 
     /// Stops the reconciler and starts another (a restarted process).
@@ -141,18 +143,6 @@ impl Rig {
         Api::namespaced(self.kube_client.clone(), "default")
     }
 
-    async fn create(&self, name: &str, spec: GatewaySpec) -> Gateway {
-        self.gateways.create_spec(name, spec).await
-    }
-
-    async fn update(&self, g: impl Into<Gateway>, paths: &[&str]) -> Gateway {
-        self.gateways.update(g, paths).await
-    }
-
-    async fn set_spec(&self, name: &str, spec: GatewaySpec) -> Gateway {
-        self.gateways.set_spec(name, spec).await
-    }
-
     /// Waits until the gateway observed `generation` and is RUNNING.
     async fn wait_generation(&self, name: &str, generation: i64) -> Gateway {
         self.wait_for(name, &format!("RUNNING at generation {generation}"), |g| {
@@ -160,10 +150,6 @@ impl Rig {
             s.observed_generation == generation && s.phase() == Phase::Running
         })
         .await
-    }
-
-    async fn get(&self, name: &str) -> Result<Gateway, tonic::Status> {
-        self.gateways.get(name).await
     }
 
     /// Polls the store until `done` holds for the gateway.
@@ -198,8 +184,8 @@ impl Rig {
 
     async fn stop(mut self) {
         self.reconciler.stop().await;
-        let _ = std::fs::remove_dir_all(&self.dir);
-        drop(self.store);
+        let _ = std::fs::remove_dir_all(&self.base.dir);
+        drop(self.base);
         self.kube.stop().await;
     }
 }
@@ -220,7 +206,7 @@ fn ready(g: &Gateway) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_converges_changes_and_is_deleted() {
     let rig = Rig::start().await;
-    let created = rig.create("edge", spec("ghcr.io/acme/gw:1")).await;
+    let created = rig.create_spec("edge", spec("ghcr.io/acme/gw:1")).await;
     assert_eq!(meta(&created).generation, 1);
     let running = rig.wait_running("edge").await;
     assert!(ready(&running));
@@ -290,7 +276,7 @@ async fn a_gateway_converges_changes_and_is_deleted() {
     assert!(pdbs.get_opt("edge").await.unwrap().is_none(), "the PDB was pruned");
 
     // Delete: owned objects go, then the finalizer, then the gateway.
-    rig.gateways.delete("edge").await;
+    rig.delete("edge").await;
     eventually(PATIENCE, "the gateway was never removed", || async {
         rig.get("edge").await.is_err()
     })
@@ -309,7 +295,7 @@ fn meta(g: &Gateway) -> &ObjectMeta {
 async fn a_stalled_rollout_is_degraded_until_it_heals() {
     let rig = Rig::start().await;
     rig.kube.set_stalled("default", "slow", true);
-    rig.create("slow", spec("ghcr.io/acme/gw:1")).await;
+    rig.create_spec("slow", spec("ghcr.io/acme/gw:1")).await;
     let degraded = rig
         .wait_for("slow", "DEGRADED", |g| {
             g.status.as_ref().is_some_and(|s| s.phase() == Phase::Degraded)
@@ -338,7 +324,7 @@ async fn failures_spend_the_budget_then_fail_truthfully_and_recover() {
         remaining: None,
     };
     rig.kube.inject(fail_deployments());
-    rig.create("flaky", spec("ghcr.io/acme/gw:1")).await;
+    rig.create_spec("flaky", spec("ghcr.io/acme/gw:1")).await;
     let failed = rig
         .wait_for("flaky", "FAILED", |g| {
             g.status.as_ref().is_some_and(|s| s.phase() == Phase::Failed)
@@ -389,7 +375,7 @@ async fn failures_spend_the_budget_then_fail_truthfully_and_recover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_band_changes_to_owned_objects_are_repaired() {
     let rig = Rig::start().await;
-    rig.create("drift", spec("ghcr.io/acme/gw:1")).await;
+    rig.create_spec("drift", spec("ghcr.io/acme/gw:1")).await;
     rig.wait_running("drift").await;
     let deployments = rig.deployments();
 
@@ -463,7 +449,7 @@ async fn a_retry_request_resets_a_failed_gateway_without_a_spec_change() {
         rate: 1.0,
         remaining: None,
     });
-    rig.create("stuck", spec("ghcr.io/acme/gw:1")).await;
+    rig.create_spec("stuck", spec("ghcr.io/acme/gw:1")).await;
     rig.wait_for("stuck", "FAILED", |g| {
         g.status.as_ref().is_some_and(|s| s.phase() == Phase::Failed)
     })
@@ -484,7 +470,7 @@ async fn checking_a_converged_gateway_sends_no_request_to_the_cluster() {
     // server (a periodic resync of 100,000 gateways would otherwise be
     // 100,000 GETs).
     let rig = Rig::start().await;
-    let g = rig.create("quiet", spec("ghcr.io/acme/gw:1")).await;
+    let g = rig.create_spec("quiet", spec("ghcr.io/acme/gw:1")).await;
     rig.wait_running("quiet").await;
     rig.wait_idle().await;
     rig.kube.clear_requests();
@@ -517,7 +503,7 @@ async fn checking_a_converged_gateway_sends_no_request_to_the_cluster() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_leaves_converged_gateways_untouched_while_its_watches_list() {
     let mut rig = Rig::start().await;
-    rig.create("steady", spec("ghcr.io/acme/gw:1")).await;
+    rig.create_spec("steady", spec("ghcr.io/acme/gw:1")).await;
     let converged = rig.wait_running("steady").await;
     rig.wait_idle().await;
     let before = rig.get("steady").await.unwrap();
@@ -565,7 +551,7 @@ async fn objects_lost_behind_the_watches_back_are_restored_within_one_sync_perio
     .await;
     let names = ["lost-a", "lost-b", "lost-c"];
     for name in names {
-        rig.create(name, spec("ghcr.io/acme/gw:1")).await;
+        rig.create_spec(name, spec("ghcr.io/acme/gw:1")).await;
     }
     for name in names {
         rig.wait_running(name).await;

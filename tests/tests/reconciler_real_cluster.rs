@@ -16,7 +16,7 @@ use gantry_api::v1::{ConditionStatus, Gateway, GatewaySpec, Phase, Route};
 use gantry_testkit::gateway::named;
 use gantry_testkit::k8s::{ControlPlane, NEVER_READY_IMAGE, RECONCILER_USER};
 use gantry_testkit::{eventually, eventually_blocking};
-use gantry_testkit::{temp_dir, Gateways, ReconcilerProcess, StoreProcess};
+use gantry_testkit::{temp_dir, ReconcilerProcess, StoreRig};
 use serde_json::Value;
 
 const PATIENCE: Duration = Duration::from_secs(90);
@@ -29,12 +29,18 @@ const OWNED: &str =
 /// A store process and a reconciler process on one namespace of the
 /// shared plane.
 struct Rig {
+    base: StoreRig,
     plane: &'static ControlPlane,
     namespace: String,
-    store: StoreProcess,
-    gateways: Gateways,
     reconcilers: Vec<ReconcilerProcess>,
-    dir: std::path::PathBuf,
+}
+
+impl std::ops::Deref for Rig {
+    type Target = StoreRig;
+
+    fn deref(&self) -> &StoreRig {
+        &self.base
+    }
 }
 
 impl Rig {
@@ -48,9 +54,8 @@ impl Rig {
     fn start_on(prefix: &str, database: &str, dir: std::path::PathBuf) -> Option<Rig> {
         let plane = ControlPlane::shared()?;
         let namespace = plane.namespace(prefix);
-        let store = StoreProcess::start(database, &dir);
-        let gateways = Gateways::new(store.client());
-        Some(Rig { plane, namespace, store, gateways, reconcilers: Vec::new(), dir })
+        let base = StoreRig::on(database, dir);
+        Some(Rig { base, plane, namespace, reconcilers: Vec::new() })
     }
 
     /// Starts a reconciler process as the reconciler's identity.
@@ -98,18 +103,6 @@ impl Rig {
             .collect()
     }
 
-    async fn create(&self, name: &str, spec: GatewaySpec) {
-        self.gateways.create_spec(name, spec).await;
-    }
-
-    async fn set_spec(&self, name: &str, spec: GatewaySpec) {
-        self.gateways.set_spec(name, spec).await;
-    }
-
-    async fn get(&self, name: &str) -> Result<Gateway, tonic::Status> {
-        self.gateways.get(name).await
-    }
-
     /// Polls the store until `done` holds for the gateway.
     async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Gateway) -> bool) -> Gateway {
         let logs = || self.reconcilers.iter().map(|r| r.logs()).collect::<Vec<_>>().join("\n");
@@ -129,10 +122,6 @@ impl Rig {
             self.get(name).await.is_err()
         })
         .await;
-    }
-
-    async fn delete(&self, name: &str) {
-        self.gateways.delete(name).await;
     }
 
     /// Waits until `kubectl get kinds` lists nothing gantry could own.
@@ -209,7 +198,7 @@ impl Drop for Rig {
     fn drop(&mut self) {
         self.reconcilers.clear();
         if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
+            let _ = std::fs::remove_dir_all(&self.base.dir);
         }
     }
 }
@@ -307,7 +296,7 @@ async fn lifecycle(mut rig: Rig) {
     let foreign_before = versions(&rig, &foreign);
     rig.reconciler(&[]);
 
-    rig.create("edge", full_spec("1")).await;
+    rig.create_spec("edge", full_spec("1")).await;
     rig.admit("edge", "lb-1.example.net");
     let g = rig.wait_running("edge", 1).await;
     let status = g.status.unwrap();
@@ -385,7 +374,7 @@ async fn a_rollout_that_never_becomes_available_is_degraded_until_a_fix() {
     let Some(mut rig) = Rig::start("degraded") else { return };
     rig.reconciler(&[]);
 
-    rig.create("stuck", GatewaySpec { image: NEVER_READY_IMAGE.into(), ..Default::default() })
+    rig.create_spec("stuck", GatewaySpec { image: NEVER_READY_IMAGE.into(), ..Default::default() })
         .await;
     // Pods exist (admitted, scheduled) but never become Ready; after the
     // 6 s progress deadline the deployment controller says so.
@@ -426,7 +415,7 @@ async fn the_route_address_is_what_the_ingress_controller_reports() {
         route: Some(Route { host: "edge.example.com".into(), tls_secret_name: String::new() }),
         ..Default::default()
     };
-    rig.create("edge", spec).await;
+    rig.create_spec("edge", spec).await;
     // Rolled out, but no ingress controller has admitted the route: not
     // RUNNING, not Ready, and RouteAdmitted says what it waits for.
     let g = rig
@@ -464,7 +453,7 @@ async fn two_reconcilers_elect_one_leader_on_a_real_lease_and_the_other_takes_ov
     eventually_blocking(PATIENCE, "no leader was elected", || !holder(&rig).is_empty());
     let first = holder(&rig);
     assert!(first == "replica-a" || first == "replica-b", "{first}");
-    rig.create("one", GatewaySpec { image: image("1"), ..Default::default() }).await;
+    rig.create_spec("one", GatewaySpec { image: image("1"), ..Default::default() }).await;
     rig.wait_running("one", 1).await;
     let (leader, follower) = if first == "replica-a" { (0, 1) } else { (1, 0) };
     let applied = |r: &ReconcilerProcess| r.logs().matches("manifests applied").count();
@@ -474,7 +463,7 @@ async fn two_reconcilers_elect_one_leader_on_a_real_lease_and_the_other_takes_ov
     // The leader dies without releasing the Lease; the other replica takes
     // over once it expires and reconciles what comes next.
     rig.reconcilers[leader].kill9();
-    rig.create("two", GatewaySpec { image: image("1"), ..Default::default() }).await;
+    rig.create_spec("two", GatewaySpec { image: image("1"), ..Default::default() }).await;
     rig.wait_running("two", 1).await;
     let second = holder(&rig);
     assert_ne!(second, first, "the Lease changed hands");
@@ -530,7 +519,7 @@ async fn the_role_grants_exactly_what_the_reconciler_calls_on_the_real_audit_log
     rig.reconciler(&["--leader-elect", "--lease-duration", "4s", "--identity", "rbac"]);
     // A full lifecycle: create with a route and three replicas, change,
     // shrink (prune), delete.
-    rig.create("edge", GatewaySpec { replicas: Some(3), ..full_spec("1") }).await;
+    rig.create_spec("edge", GatewaySpec { replicas: Some(3), ..full_spec("1") }).await;
     rig.admit("edge", "lb-1.example.net");
     rig.wait_running("edge", 1).await;
     rig.set_spec("edge", GatewaySpec { replicas: Some(3), ..full_spec("2") }).await;
@@ -561,7 +550,7 @@ async fn the_role_grants_exactly_what_the_reconciler_calls_on_the_real_audit_log
 async fn edits_by_others_are_repaired_and_metadata_only_changes_are_not_drift() {
     let Some(mut rig) = Rig::start("drift") else { return };
     rig.reconciler(&["--sync-period", "2s"]);
-    rig.create("edge", GatewaySpec { image: image("1"), ..Default::default() }).await;
+    rig.create_spec("edge", GatewaySpec { image: image("1"), ..Default::default() }).await;
     rig.wait_running("edge", 1).await;
     let repairs = |rig: &Rig| rig.reconcilers[0].logs().matches("owned objects drifted").count();
     let generation = |rig: &Rig| {
@@ -598,7 +587,7 @@ async fn edits_by_others_are_repaired_and_metadata_only_changes_are_not_drift() 
 async fn a_deployment_whose_selector_differs_is_recreated_not_retried_forever() {
     let Some(mut rig) = Rig::start("immutable") else { return };
     rig.reconciler(&[]);
-    rig.create("edge", GatewaySpec { image: image("1"), ..Default::default() }).await;
+    rig.create_spec("edge", GatewaySpec { image: image("1"), ..Default::default() }).await;
     rig.wait_running("edge", 1).await;
 
     // While no reconciler runs, the Deployment is replaced by one with
@@ -739,7 +728,7 @@ async fn a_gateway_named_like_the_control_plane_cannot_take_it_over() {
         ("gateway-store", "ServiceAccount gateway-store"),
         ("gateway-reconciler", "ConfigMap gateway-reconciler"),
     ] {
-        rig.create(gateway, GatewaySpec { image: image("1"), ..Default::default() }).await;
+        rig.create_spec(gateway, GatewaySpec { image: image("1"), ..Default::default() }).await;
         let g = rig
             .wait_for(gateway, "FAILED on the ownership check", |g| {
                 g.status.as_ref().is_some_and(|s| s.phase() == Phase::Failed)
@@ -795,9 +784,9 @@ fn wait_passes(rig: &Rig, n: u64) {
 async fn every_owned_kind_is_repaired_an_idle_fleet_costs_no_writes_and_scaling_is_not_fought() {
     let Some(mut rig) = Rig::start("drift-all") else { return };
     rig.reconciler(&["--sync-period", "2s"]);
-    rig.create("edge", full_spec("1")).await;
+    rig.create_spec("edge", full_spec("1")).await;
     rig.admit("edge", "lb-1.example.net");
-    rig.create("auto", GatewaySpec { image: image("1"), ..Default::default() }).await;
+    rig.create_spec("auto", GatewaySpec { image: image("1"), ..Default::default() }).await;
     rig.wait_running("edge", 1).await;
     rig.wait_running("auto", 1).await;
 
@@ -895,7 +884,7 @@ async fn across_twenty_forced_leadership_changes_only_the_lease_holder_writes() 
     };
     let names = ["f0", "f1", "f2"];
     for name in names {
-        rig.create(name, GatewaySpec { image: image("0"), ..Default::default() }).await;
+        rig.create_spec(name, GatewaySpec { image: image("0"), ..Default::default() }).await;
     }
     let mut leader = wait_holder(&rig, None);
     // When each stopped leader was let go again.

@@ -16,6 +16,7 @@ pub mod http;
 pub mod k8s;
 pub mod linearizability;
 pub mod process;
+pub mod rig;
 mod services;
 pub mod wait;
 
@@ -25,5 +26,6 @@ pub use db::{Backend, TestDatabase};
 pub use env::{binary, free_port, in_ci, kill_after, skipped, temp_dir, workspace_root};
 pub use http::{fetch, http_get, wait_for_http, wait_ready};
 pub use process::Process;
+pub use rig::StoreRig;
 pub use services::{ReconcilerProcess, StoreProcess};
 pub use wait::{eventually, eventually_blocking, eventually_some};
