@@ -1,10 +1,11 @@
 //! The machine a test runs on: the workspace and its binaries (built once
 //! per test process), CI or not, free ports, scratch directories.
 
+use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 /// The workspace's root directory.
@@ -74,8 +75,45 @@ pub fn kill_after(child: &Child, limit: Duration) {
     });
 }
 
-/// A port nothing listens on right now.
+/// A port nothing listens on right now, and that this test process has
+/// not handed out before.
+///
+/// Taken below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`): a port the kernel picks for
+/// `bind(0)` can be given again to the next outgoing connection (a client,
+/// a watch) before the process meant to listen on it starts, and then
+/// that process fails with "Address already in use". Outgoing connections
+/// never take a port below the range.
 pub fn free_port() -> u16 {
+    use std::collections::hash_map::RandomState;
+    use std::hash::BuildHasher as _;
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let (low, high) = (10_000, ephemeral_start().saturating_sub(1));
+    if high <= low + 1_000 {
+        return kernel_port();
+    }
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    for _ in 0..1_000 {
+        let random = RandomState::new().hash_one(handed_out.len());
+        let port = low + u16::try_from(random % u64::from(high - low)).unwrap_or(0);
+        if !handed_out.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            handed_out.insert(port);
+            return port;
+        }
+    }
+    kernel_port()
+}
+
+/// The first port of the kernel's ephemeral range (32768 when unknown).
+fn ephemeral_start() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
+}
+
+/// A port the kernel picks.
+fn kernel_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -91,4 +129,20 @@ pub fn temp_dir(label: &str) -> PathBuf {
         std::env::temp_dir().join(format!("gantry-e2e-{label}-{}-{nanos}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("create temp dir");
     dir
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_below_the_ephemeral_range_bindable_and_never_handed_out_twice() {
+        let ports: Vec<u16> = (0..200).map(|_| free_port()).collect();
+        let distinct: BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len(), "a port handed out twice");
+        for port in ports {
+            assert!(port < ephemeral_start(), "{port} is in the ephemeral range");
+            TcpListener::bind(("127.0.0.1", port)).expect("bindable");
+        }
+    }
 }
