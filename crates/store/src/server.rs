@@ -10,7 +10,6 @@ use std::time::Duration;
 use gantry_api::v1::gateway_service_server::GatewayServiceServer;
 use gantry_telemetry::Shutdown;
 use tokio::net::TcpListener;
-use tokio::task::JoinHandle;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tower::Layer;
 
@@ -31,13 +30,12 @@ pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
 /// Largest response the gRPC API sends (pages are bounded well below).
 pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 
-/// The parts under the gRPC edge, and the tasks to wait for on shutdown.
+/// The parts under the gRPC edge. Their tasks hold the shutdown's drain
+/// guards: `serve` waits for them with `Shutdown::drained`.
 struct Core {
     hub: Arc<WatchHub>,
     writer: Writer,
     watch: WatchContext,
-    tasks: Vec<JoinHandle<()>>,
-    writer_task: JoinHandle<()>,
 }
 
 impl Core {
@@ -56,26 +54,25 @@ impl Core {
                 lag_bytes: settings.watch.subscriber_bytes,
             },
         ));
-        let (writer, writer_task) = Writer::spawn(
+        let (writer, writer_task) = Writer::new(
             settings.storage.clone(),
             hub.clone(),
             metrics.write_batches_failed.clone(),
         );
+        shutdown.spawn(writer_task);
         let storage = settings.storage.clone();
-        let tasks = vec![
-            tokio::spawn(tailer::run(
-                storage.clone(),
-                hub.clone(),
-                settings.watch.poll_interval,
-                shutdown.clone(),
-            )),
-            tokio::spawn(compactor::run(
-                storage.clone(),
-                settings.watch.retention,
-                settings.watch.compaction_interval,
-                shutdown.clone(),
-            )),
-        ];
+        shutdown.spawn(tailer::run(
+            storage.clone(),
+            hub.clone(),
+            settings.watch.poll_interval,
+            shutdown.clone(),
+        ));
+        shutdown.spawn(compactor::run(
+            storage.clone(),
+            settings.watch.retention,
+            settings.watch.compaction_interval,
+            shutdown.clone(),
+        ));
         let watch = WatchContext {
             storage,
             hub: hub.clone(),
@@ -83,7 +80,7 @@ impl Core {
             shutdown: shutdown.clone(),
             too_slow: metrics.watchers_too_slow.clone(),
         };
-        Ok(Core { hub, writer, watch, tasks, writer_task })
+        Ok(Core { hub, writer, watch })
     }
 }
 
@@ -141,11 +138,8 @@ pub async fn serve(
 
     let (grpc_result, http_result) = tokio::join!(grpc_server, http_server);
     // The service (and with it the last writer handle) is gone: the writer
-    // finishes what was queued, then the background tasks stop.
-    let _ = core.writer_task.await;
-    for task in core.tasks {
-        let _ = task.await;
-    }
+    // finishes what was queued, and the tailer and compactor stop.
+    shutdown.drained().await;
     grpc_result?;
     http_result.map_err(ServeError::Http)?;
     tracing::info!("gateway-store stopped");

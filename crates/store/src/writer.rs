@@ -34,17 +34,17 @@ impl std::fmt::Debug for Job {
 }
 
 impl Writer {
-    /// Starts the writer task. It ends when every `Writer` handle is
-    /// dropped, after finishing the writes already queued.
-    /// `failed` counts the batches that did not commit.
-    pub fn spawn(
+    /// A writer and the task that serves it, for the caller to spawn. The
+    /// task ends when every `Writer` handle is dropped, after finishing the
+    /// writes already queued. `failed` counts the batches that did not
+    /// commit.
+    pub fn new(
         storage: Arc<dyn Storage>,
         hub: Arc<WatchHub>,
         failed: Counter,
-    ) -> (Writer, tokio::task::JoinHandle<()>) {
+    ) -> (Writer, impl std::future::Future<Output = ()> + Send + 'static) {
         let (queue, jobs) = mpsc::channel(QUEUE);
-        let task = tokio::spawn(run(jobs, storage, hub, failed));
-        (Writer { queue }, task)
+        (Writer { queue }, run(jobs, storage, hub, failed))
     }
 
     /// Runs `mutation` on the row `name` in the next batch; answers after

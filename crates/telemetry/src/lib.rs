@@ -25,4 +25,4 @@ pub use init::{init, otlp_endpoint, LogStyle, Telemetry, TelemetryError};
 pub use log_args::{LogArgs, LogFormat};
 pub use opentelemetry::Context;
 pub use propagation::{extract, from_traceparent, inject, set_parent, traceparent};
-pub use shutdown::Shutdown;
+pub use shutdown::{DrainGuard, Shutdown};

@@ -11,7 +11,11 @@
 //!
 //! Modelled on mini-redis' `shutdown.rs`: a `tokio::sync::watch` channel
 //! carries the one bit, so a task that starts waiting after the trigger
-//! returns at once, and clones are cheap.
+//! returns at once, and clones are cheap. Draining is kubert's and
+//! mini-redis' `shutdown_complete`: every background task started with
+//! [`Shutdown::spawn`] holds a [`DrainGuard`], and [`Shutdown::drained`]
+//! completes once every guard is gone, so a process waits for its tasks
+//! without keeping their handles.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -23,6 +27,15 @@ use tokio::sync::watch;
 pub struct Shutdown {
     sender: Arc<watch::Sender<bool>>,
     receiver: watch::Receiver<bool>,
+    /// Its receivers are the drain guards; closed once none is left.
+    drain: Arc<watch::Sender<()>>,
+}
+
+/// Held by a task the process waits for before it exits (see
+/// [`Shutdown::drained`]); dropping it says the task is done.
+#[derive(Debug)]
+pub struct DrainGuard {
+    _held: watch::Receiver<()>,
 }
 
 impl Default for Shutdown {
@@ -35,7 +48,8 @@ impl Shutdown {
     /// A shutdown not triggered yet.
     pub fn new() -> Self {
         let (sender, receiver) = watch::channel(false);
-        Self { sender: Arc::new(sender), receiver }
+        let (drain, _) = watch::channel(());
+        Self { sender: Arc::new(sender), receiver, drain: Arc::new(drain) }
     }
 
     /// A shutdown triggered when `future` completes (a server's caller
@@ -74,6 +88,33 @@ impl Shutdown {
     }
 }
 
+impl Shutdown {
+    /// A guard the process waits for in [`Shutdown::drained`].
+    pub fn guard(&self) -> DrainGuard {
+        DrainGuard { _held: self.drain.subscribe() }
+    }
+
+    /// Spawns `task` holding a guard until it ends.
+    pub fn spawn<F>(&self, task: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let guard = self.guard();
+        tokio::spawn(async move {
+            let output = task.await;
+            drop(guard);
+            output
+        })
+    }
+
+    /// Completes once every [`DrainGuard`] is dropped (at once if none
+    /// was taken).
+    pub async fn drained(&self) {
+        self.drain.closed().await;
+    }
+}
+
 /// Completes on SIGTERM or Ctrl-C (SIGINT): the one signal handler of every
 /// gantry process.
 pub async fn signal() {
@@ -108,6 +149,28 @@ mod tests {
         // A waiter that starts after the trigger, and a second trigger.
         shutdown.trigger();
         shutdown.wait().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn drained_waits_for_every_guarded_task_and_only_for_them() {
+        let shutdown = Shutdown::new();
+        shutdown.drained().await; // none taken: at once
+        let (finish, finished) = tokio::sync::oneshot::channel::<()>();
+        let stopping = shutdown.clone();
+        shutdown.spawn(async move { stopping.wait().await });
+        shutdown.spawn(async move {
+            let _ = finished.await;
+        });
+        let drained = tokio::spawn({
+            let shutdown = shutdown.clone();
+            async move { shutdown.drained().await }
+        });
+        shutdown.trigger();
+        tokio::task::yield_now().await;
+        tokio::task::yield_now().await;
+        assert!(!drained.is_finished(), "drained while a guarded task still ran");
+        finish.send(()).unwrap();
+        drained.await.expect("drained once both tasks ended");
     }
 
     #[tokio::test(start_paused = true)]
