@@ -96,7 +96,7 @@ fn start_replica(identity: &str, store: &StoreProcess, kube_client: &kube::Clien
     };
     let api: Api<Lease> = Api::namespaced(kube_client.clone(), "default");
     let tasks = vec![
-        tokio::spawn(leader::run(api, election, leading_tx, gantry_telemetry::Shutdown::new())),
+        tokio::spawn(leader::run(api, election, leading_tx, gantry_runtime::Shutdown::new())),
         tokio::spawn(controller.run_while_leading(leading, std::future::pending())),
     ];
     Replica { applies, tasks }

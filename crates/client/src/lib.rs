@@ -66,7 +66,7 @@ impl tonic::service::Interceptor for BearerToken {
             request.metadata_mut().insert("authorization", value);
         }
         // The caller's trace continues in the store (W3C traceparent).
-        gantry_telemetry::inject(request.metadata_mut());
+        gantry_runtime::inject(request.metadata_mut());
         Ok(request)
     }
 }

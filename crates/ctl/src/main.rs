@@ -395,12 +395,12 @@ async fn main() -> ExitCode {
     // With OTEL_EXPORTER_OTLP_ENDPOINT set, the command is a trace whose
     // context goes with every call to the store (and from there to the
     // reconciler's pass for the generation it makes).
-    let telemetry = gantry_telemetry::otlp_endpoint(None).and_then(|endpoint| {
+    let telemetry = gantry_runtime::otlp_endpoint(None).and_then(|endpoint| {
         let filter = tracing_subscriber::EnvFilter::new("off");
-        let installed = gantry_telemetry::init(
+        let installed = gantry_runtime::init(
             "gatewayctl",
             filter,
-            gantry_telemetry::LogStyle::Off,
+            gantry_runtime::LogStyle::Off,
             Some(&endpoint),
         );
         installed.map_err(|e| eprintln!("warning: traces are off: {e}")).ok()

@@ -12,7 +12,7 @@ use clap::Parser;
 use gantry_api::v1::{CreateGatewayRequest, GetGatewayRequest, Phase};
 use gantry_client::config::{default_path, ConfigFile, Context};
 use gantry_reconciler::config::TargetKind;
-use gantry_telemetry::Shutdown;
+use gantry_runtime::Shutdown;
 
 /// Run gantry locally: the store and the reconciler in one process.
 #[derive(Parser, Debug)]
@@ -57,7 +57,7 @@ struct Args {
     #[arg(long, env = "GANTRY_DEMO")]
     demo: bool,
     #[command(flatten)]
-    log: gantry_telemetry::LogArgs,
+    log: gantry_runtime::LogArgs,
 }
 
 const TOKENS: &str = "tokens.csv";
@@ -177,7 +177,7 @@ async fn main() -> anyhow::Result<()> {
     let store = store_config(&args)?;
     let reconciler = reconciler_config(&args, &server)?;
 
-    let shutdown = Shutdown::on(gantry_telemetry::shutdown::signal());
+    let shutdown = Shutdown::on(gantry_runtime::shutdown::signal());
     let store_run = gantry_store::run(store, shutdown.wait());
     let mut store_task = tokio::spawn(async move { Ok::<_, anyhow::Error>(store_run.await?) });
     // The reconciler starts once the store answers: before, it could only

@@ -48,7 +48,7 @@ pub struct Config {
     pub leader: LeaderArgs,
 
     #[command(flatten)]
-    pub log: gantry_telemetry::LogArgs,
+    pub log: gantry_runtime::LogArgs,
 }
 
 /// How to reach gateway-store.

@@ -3,7 +3,7 @@
 //! target's watches have listed), `/metrics` with the gauges refreshed.
 //! It reads the controller's [`State`] only.
 
-use gantry_telemetry::admin::Admin;
+use gantry_runtime::admin::Admin;
 
 use crate::controller::State;
 

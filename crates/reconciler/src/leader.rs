@@ -173,7 +173,7 @@ pub async fn run(
     api: Api<Lease>,
     settings: ElectionSettings,
     leading: watch::Sender<bool>,
-    shutdown: gantry_telemetry::Shutdown,
+    shutdown: gantry_runtime::Shutdown,
 ) {
     let mut observed = Observed::default();
     let mut last_renewal = Instant::now();

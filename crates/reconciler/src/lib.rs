@@ -163,8 +163,8 @@ pub async fn run(
     let listener = tokio::net::TcpListener::bind(config.http_listen)
         .await
         .map_err(|source| RunError::Bind { addr: config.http_listen.to_string(), source })?;
-    let shutdown = gantry_telemetry::Shutdown::on(shutdown);
-    let http = axum::serve(listener, gantry_telemetry::admin::router(controller.state()))
+    let shutdown = gantry_runtime::Shutdown::on(shutdown);
+    let http = axum::serve(listener, gantry_runtime::admin::router(controller.state()))
         .with_graceful_shutdown(shutdown.wait());
     tracing::info!(store = %config.gateway_store.store, target = ?config.manifests.target, http = %config.http_listen, "gateway-reconciler running");
     let (leading_tx, leading) = tokio::sync::watch::channel(!config.leader.leader_elect);

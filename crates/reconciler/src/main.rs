@@ -22,7 +22,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match gantry_reconciler::run(config, gantry_telemetry::shutdown::signal()).await {
+    match gantry_reconciler::run(config, gantry_runtime::shutdown::signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "gateway-reconciler failed");

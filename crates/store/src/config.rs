@@ -50,7 +50,7 @@ pub struct Config {
     pub limits: LimitArgs,
 
     #[command(flatten)]
-    pub log: gantry_telemetry::LogArgs,
+    pub log: gantry_runtime::LogArgs,
 }
 
 /// Watch and event-history flags.

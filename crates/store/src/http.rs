@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use gantry_telemetry::admin::Admin;
+use gantry_runtime::admin::Admin;
 
 use crate::metrics::Metrics;
 use crate::storage::Storage;

@@ -17,7 +17,7 @@ async fn main() -> ExitCode {
         }
     };
     tracing::debug!(?config, "configuration");
-    match gantry_store::run(config, gantry_telemetry::shutdown::signal()).await {
+    match gantry_store::run(config, gantry_runtime::shutdown::signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "gateway-store failed");

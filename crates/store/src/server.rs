@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gantry_api::v1::gateway_service_server::GatewayServiceServer;
-use gantry_telemetry::Shutdown;
+use gantry_runtime::Shutdown;
 use tokio::net::TcpListener;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tower::Layer;
@@ -127,7 +127,7 @@ pub async fn serve(
         axum::serve::ListenerExt::tap_io(http, |tcp| {
             let _ = tcp.set_nodelay(true);
         }),
-        gantry_telemetry::admin::router(Arc::new(StoreAdmin {
+        gantry_runtime::admin::router(Arc::new(StoreAdmin {
             storage: settings.storage.clone(),
             metrics,
             hub: core.hub.clone(),

@@ -171,7 +171,7 @@ async fn run_pass(ctx: &Context, name: &str) {
     let trace =
         gateway.metadata.as_ref().and_then(|m| m.annotations.get(gantry_api::TRACE_ANNOTATION));
     if let (true, Some(traceparent)) = (observed != generation, trace) {
-        gantry_telemetry::set_parent(&span, gantry_telemetry::from_traceparent(traceparent));
+        gantry_runtime::set_parent(&span, gantry_runtime::from_traceparent(traceparent));
     }
     let result = tracing::Instrument::instrument(reconcile(gateway, ctx), span).await;
     state.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());

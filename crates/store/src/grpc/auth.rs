@@ -220,7 +220,7 @@ impl Auth {
 /// Reloads the tokens file of `auth` when it changes (checked every
 /// second) or on SIGHUP, until `shutdown`. A file that does not parse is
 /// logged and the tokens in force stay.
-pub async fn reload_on_change(auth: Arc<Auth>, shutdown: gantry_telemetry::Shutdown) {
+pub async fn reload_on_change(auth: Arc<Auth>, shutdown: gantry_runtime::Shutdown) {
     let Some(path) = auth.path().map(Path::to_path_buf) else { return };
     let stamp = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.modified().ok(), m.len()));
     let mut seen = stamp(&path);

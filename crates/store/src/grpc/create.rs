@@ -20,7 +20,7 @@ pub(super) async fn create(
     let uid = uuid::Uuid::new_v4().to_string();
     let (role, now) = (principal.role, super::now());
     // The new generation carries this request's trace to the reconciler.
-    let trace = gantry_telemetry::traceparent();
+    let trace = gantry_runtime::traceparent();
     let committed = writer
         .mutate(
             &name,

@@ -107,7 +107,7 @@ where
             rpc.system = "grpc",
             rpc.method = method
         );
-        gantry_telemetry::set_parent(&span, caller.parent.clone());
+        gantry_runtime::set_parent(&span, caller.parent.clone());
         let started = Instant::now();
         let answer = tokio::time::timeout(self.layer.request_timeout, self.inner.call(request));
         let layer = self.layer.clone();
@@ -166,7 +166,7 @@ struct Caller {
     /// refusal is logged (not on every call).
     authorization: MetadataMap,
     /// The caller's trace (W3C `traceparent`), parent of this call's span.
-    parent: gantry_telemetry::Context,
+    parent: gantry_runtime::Context,
 }
 
 impl Caller {
@@ -177,7 +177,7 @@ impl Caller {
             only_authorization.insert("authorization", value.clone());
         }
         let authorization = MetadataMap::from_headers(only_authorization);
-        let parent = gantry_telemetry::extract(headers);
+        let parent = gantry_runtime::extract(headers);
         Caller { peer: super::conn::peer_of(request.extensions()), authorization, parent }
     }
 }

@@ -20,7 +20,7 @@ pub(super) async fn update(
     let paths = request.update_mask.map(|m| m.paths).unwrap_or_default();
     let (role, now, target, dry_run) =
         (principal.role, super::now(), name.clone(), request.validate_only);
-    let trace = gantry_telemetry::traceparent();
+    let trace = gantry_runtime::traceparent();
     let committed = writer
         .mutate(
             &name,

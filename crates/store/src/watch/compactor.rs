@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use gantry_telemetry::Shutdown;
+use gantry_runtime::Shutdown;
 
 use crate::storage::{Retention, Storage};
 

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gantry_api::v1::{EventType, Gateway, WatchEvent};
-use gantry_telemetry::Shutdown;
+use gantry_runtime::Shutdown;
 
 use super::filter::Filter;
 use super::hub::{Read, Subscription, WatchHub, WATCH_PAGE_BYTES};

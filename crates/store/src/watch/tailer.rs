@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use gantry_telemetry::Shutdown;
+use gantry_runtime::Shutdown;
 
 use super::hub::{WatchHub, WATCH_PAGE_BYTES};
 use crate::storage::{Storage, StorageError};
