@@ -156,16 +156,22 @@ async fn record_history(endpoints: Vec<String>, restart: &mut StoreProcess) -> H
     for t in tasks {
         t.await.unwrap();
     }
-    // A final read of every key, after everything else.
+    // A final read of every key, after everything else. One more key, no
+    // client touched, is created first: the checker's self-test below needs
+    // a key that exists at the end, and the random workload may have
+    // deleted every other one.
     let mut client = ClientConfig { endpoint: endpoints[0].clone(), ..Default::default() }
         .connect_lazy()
         .unwrap();
-    for k in 0..KEYS {
-        let key = format!("k{k}");
+    let last = format!("k{KEYS}");
+    let finals = [(last.clone(), Call::Create { image: "img:final".into() })]
+        .into_iter()
+        .chain((0..=KEYS).map(|k| (format!("k{k}"), Call::Get)));
+    for (key, call) in finals {
         let call_at = epoch.elapsed().as_nanos() as u64;
-        let answer = run(&mut client, &key, &Call::Get).await.expect("the final read is answered");
+        let answer = run(&mut client, &key, &call).await.expect("the final calls are answered");
         let ret = epoch.elapsed().as_nanos() as u64;
-        let op = Operation { call: call_at, ret, input: Call::Get, output: answer };
+        let op = Operation { call: call_at, ret, input: call, output: answer };
         history.lock().unwrap().push((key, op));
     }
     let history = history.lock().unwrap().clone();
