@@ -12,196 +12,13 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use gantry_api::v1::{ConditionStatus, Gateway, GatewaySpec, Phase, Route};
+use gantry_api::v1::{ConditionStatus, GatewaySpec, Phase, Route};
+use gantry_testkit::cluster::{ClusterRig as Rig, OWNED, PATIENCE};
+use gantry_testkit::eventually_blocking;
 use gantry_testkit::gateway::named;
-use gantry_testkit::k8s::{ControlPlane, NEVER_READY_IMAGE, RECONCILER_USER};
-use gantry_testkit::{eventually, eventually_blocking};
-use gantry_testkit::{temp_dir, ReconcilerProcess, StoreRig};
+use gantry_testkit::k8s::{ControlPlane, NEVER_READY_IMAGE};
+use gantry_testkit::{temp_dir, ReconcilerProcess};
 use serde_json::Value;
-
-const PATIENCE: Duration = Duration::from_secs(90);
-/// A config entry of several KB, as real gateways carry.
-/// Kinds a gateway with a route and several replicas owns, as
-/// `kubectl get` names them.
-const OWNED: &str =
-    "serviceaccounts,configmaps,services,deployments,ingresses,poddisruptionbudgets";
-
-/// A store process and a reconciler process on one namespace of the
-/// shared plane.
-struct Rig {
-    base: StoreRig,
-    plane: &'static ControlPlane,
-    namespace: String,
-    reconcilers: Vec<ReconcilerProcess>,
-}
-
-impl std::ops::Deref for Rig {
-    type Target = StoreRig;
-
-    fn deref(&self) -> &StoreRig {
-        &self.base
-    }
-}
-
-impl Rig {
-    fn start(prefix: &str) -> Option<Rig> {
-        let dir = temp_dir(prefix);
-        let database = format!("sqlite://{}", dir.join("gantry.db").display());
-        Self::start_on(prefix, &database, dir)
-    }
-
-    /// As [`Rig::start`], with the store on `database`.
-    fn start_on(prefix: &str, database: &str, dir: std::path::PathBuf) -> Option<Rig> {
-        let plane = ControlPlane::shared()?;
-        let namespace = plane.namespace(prefix);
-        let base = StoreRig::on(database, dir);
-        Some(Rig { base, plane, namespace, reconcilers: Vec::new() })
-    }
-
-    /// Starts a reconciler process as the reconciler's identity.
-    fn reconciler(&mut self, extra: &[&str]) {
-        let kubeconfig = self.plane.reconciler_kubeconfig.display().to_string();
-        let defaults = [
-            ("--target", "kube"),
-            ("--kubeconfig", kubeconfig.as_str()),
-            ("--namespace", self.namespace.as_str()),
-            ("--poll-interval", "200ms"),
-            ("--sync-period", "30s"),
-            ("--retry-backoff", "200ms"),
-            ("--progress-deadline", "6s"),
-        ];
-        let mut args: Vec<&str> = Vec::new();
-        for (flag, value) in defaults {
-            if !extra.contains(&flag) {
-                args.extend([flag, value]);
-            }
-        }
-        args.extend_from_slice(extra);
-        let process = ReconcilerProcess::start(&self.store.endpoint(), &args);
-        self.reconcilers.push(process);
-    }
-
-    fn kubectl(&self, args: &[&str]) -> String {
-        let mut all = vec!["-n", self.namespace.as_str()];
-        all.extend_from_slice(args);
-        self.plane.kubectl(&all)
-    }
-
-    fn json(&self, args: &[&str]) -> Value {
-        let mut all = args.to_vec();
-        all.extend_from_slice(&["-o", "json"]);
-        serde_json::from_str(&self.kubectl(&all)).unwrap()
-    }
-
-    /// Names of the objects of `kinds` in the namespace, as `kind/name`.
-    fn objects(&self, kinds: &str) -> BTreeSet<String> {
-        self.kubectl(&["get", kinds, "-o", "name"])
-            .lines()
-            .filter(|l| !l.ends_with("/kube-root-ca.crt") && !l.ends_with("serviceaccount/default"))
-            .filter(|l| !l.contains("/team-"))
-            .map(str::to_string)
-            .collect()
-    }
-
-    /// Polls the store until `done` holds for the gateway.
-    async fn wait_for(&self, name: &str, what: &str, done: impl Fn(&Gateway) -> bool) -> Gateway {
-        let logs = || self.reconcilers.iter().map(|r| r.logs()).collect::<Vec<_>>().join("\n");
-        self.gateways.wait_for(name, what, PATIENCE, done, logs).await
-    }
-
-    async fn wait_running(&self, name: &str, generation: i64) -> Gateway {
-        self.wait_for(name, &format!("RUNNING at generation {generation}"), |g| {
-            let s = g.status.clone().unwrap_or_default();
-            s.phase() == Phase::Running && s.observed_generation == generation
-        })
-        .await
-    }
-
-    async fn wait_gone(&self, name: &str) {
-        eventually(PATIENCE, &format!("{name} was never deleted"), || async {
-            self.get(name).await.is_err()
-        })
-        .await;
-    }
-
-    /// Waits until `kubectl get kinds` lists nothing gantry could own.
-    fn wait_empty(&self, kinds: &str) {
-        eventually_blocking(PATIENCE, &format!("no {kinds} left behind"), || {
-            let left = self.objects(kinds);
-            if !left.is_empty() {
-                eprintln!("left behind: {left:?}");
-            }
-            left.is_empty()
-        });
-    }
-
-    /// Two reconciler processes, `replica-a` and `replica-b`, electing a
-    /// leader on a Lease of `lease_duration`.
-    fn replicas(&mut self, lease_duration: &str) {
-        for identity in ["replica-a", "replica-b"] {
-            self.reconciler(&[
-                "--leader-elect",
-                "--lease-duration",
-                lease_duration,
-                "--identity",
-                identity,
-            ]);
-        }
-    }
-
-    /// The Lease's holder, when there is a Lease and a holder.
-    fn lease_holder(&self) -> Option<String> {
-        let text = self.kubectl(&[
-            "get",
-            "lease",
-            "gateway-reconciler",
-            "-o",
-            "json",
-            "--ignore-not-found",
-        ]);
-        let lease: Value = serde_json::from_str(&text).ok()?;
-        lease["spec"]["holderIdentity"].as_str().filter(|h| !h.is_empty()).map(str::to_string)
-    }
-
-    /// Plays the ingress controller: publishes `hostname` on the Ingress
-    /// once the reconciler has created it.
-    fn admit(&self, ingress: &str, hostname: &str) {
-        eventually_blocking(PATIENCE, &format!("Ingress {ingress} never appeared"), || {
-            self.kubectl(&["get", "ingress", "-o", "name"]).contains(ingress)
-        });
-        let status = format!(
-            r#"{{"status":{{"loadBalancer":{{"ingress":[{{"hostname":"{hostname}"}}]}}}}}}"#
-        );
-        self.kubectl(&[
-            "patch",
-            "ingress",
-            ingress,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &status,
-        ]);
-    }
-
-    /// The audit events of the reconciler's identity in this namespace.
-    fn reconciler_requests(&self) -> Vec<Value> {
-        self.plane
-            .audit_events()
-            .into_iter()
-            .filter(|e| e["user"]["username"] == RECONCILER_USER)
-            .filter(|e| e["objectRef"]["namespace"] == self.namespace.as_str())
-            .collect()
-    }
-}
-
-impl Drop for Rig {
-    fn drop(&mut self) {
-        self.reconcilers.clear();
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.base.dir);
-        }
-    }
-}
 
 /// A config entry of several KB, as real gateways carry.
 fn routes() -> String {
@@ -227,23 +44,6 @@ fn full_spec(tag: &str) -> GatewaySpec {
         }),
         ..Default::default()
     }
-}
-
-/// The images of the namespace's pods that kwok made Ready.
-fn ready_pod_images(rig: &Rig) -> Vec<String> {
-    let pods = rig.json(&["get", "pods"]);
-    pods["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
-        .filter(|p| {
-            p["status"]["conditions"]
-                .as_array()
-                .is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True"))
-        })
-        .map(|p| p["spec"]["containers"][0]["image"].as_str().unwrap().to_string())
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -317,7 +117,7 @@ async fn lifecycle(mut rig: Rig) {
     );
     // RUNNING means the real controllers rolled it out: two Ready pods of
     // the image, made by a ReplicaSet the Deployment owns.
-    assert_eq!(ready_pod_images(&rig), [image("1"), image("1")]);
+    assert_eq!(rig.ready_pod_images(), [image("1"), image("1")]);
     let deployment = rig.json(&["get", "deployment", "edge"]);
     assert_eq!(deployment["status"]["availableReplicas"], 2);
     assert_eq!(deployment["status"]["observedGeneration"], deployment["metadata"]["generation"]);
@@ -328,7 +128,7 @@ async fn lifecycle(mut rig: Rig) {
     // A new generation rolls out through a second ReplicaSet.
     rig.set_spec("edge", full_spec("2")).await;
     rig.wait_running("edge", 2).await;
-    assert_eq!(ready_pod_images(&rig), [image("2"), image("2")], "only new pods remain");
+    assert_eq!(rig.ready_pod_images(), [image("2"), image("2")], "only new pods remain");
     let sets = rig.json(&["get", "replicasets"]);
     let sets = sets["items"].as_array().unwrap();
     assert_eq!(sets.len(), 2, "one ReplicaSet per rolled-out template");
@@ -403,7 +203,7 @@ async fn a_rollout_that_never_becomes_available_is_degraded_until_a_fix() {
     let g = rig.wait_running("stuck", 2).await;
     let ready = g.status.unwrap().conditions.into_iter().find(|c| c.r#type == "Ready").unwrap();
     assert_eq!(ready.status(), ConditionStatus::True);
-    assert_eq!(ready_pod_images(&rig), [image("fixed")]);
+    assert_eq!(rig.ready_pod_images(), [image("fixed")]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -629,7 +429,7 @@ async fn a_deployment_whose_selector_differs_is_recreated_not_retried_forever() 
                 == serde_json::json!({"gantry.dev/gateway": "edge"})
     });
     rig.wait_running("edge", 1).await;
-    assert_eq!(ready_pod_images(&rig), [image("1")]);
+    assert_eq!(rig.ready_pod_images(), [image("1")]);
     assert!(rig.reconcilers[0].logs().contains("recreating the object"));
 }
 

@@ -9,6 +9,7 @@
 
 pub mod calls;
 pub mod certs;
+pub mod cluster;
 pub mod db;
 pub mod env;
 pub mod gateway;

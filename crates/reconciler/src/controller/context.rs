@@ -215,10 +215,14 @@ impl Context {
     }
 
     /// One UpdateGateway with a mask and the resource_version read. ABORTED
-    /// re-reads the gateway so the next pass (run at once) works on the
-    /// fresh copy; NOT_FOUND forgets it.
+    /// re-reads the gateway and caches what the store says whatever its
+    /// version (after a restore from a backup it is lower than the one
+    /// read), so the next pass, run at once, works on the fresh copy; a
+    /// re-read that fails or brings nothing new backs off instead, so a
+    /// conflict never loops hot. NOT_FOUND forgets the gateway.
     async fn update(&self, gateway: Gateway, paths: &[&str]) -> Result<Gateway, ReconcileError> {
         let name = name_of(&gateway);
+        let read = rv_of(&gateway);
         match tokio::time::timeout(STORE_TIMEOUT, self.store.update(gateway, paths)).await {
             Ok(Ok(updated)) => {
                 self.state.remember(updated.clone());
@@ -227,13 +231,22 @@ impl Context {
             Ok(Err(StoreError::Conflict(_))) => {
                 tracing::debug!("gateway changed meanwhile; re-reading");
                 match tokio::time::timeout(STORE_TIMEOUT, self.store.get(&name)).await {
-                    Ok(Ok(fresh)) => {
-                        self.state.remember(fresh);
+                    Ok(Ok(fresh)) if rv_of(&fresh) != read => {
+                        self.state.replace(fresh);
+                        Err(ReconcileError::Conflict)
                     }
-                    Ok(Err(StoreError::NotFound(_))) => self.state.forget(&name),
-                    _ => {}
+                    Ok(Ok(_)) => Err(ReconcileError::Store(format!(
+                        "the store refused version {read} of {name} as stale but still serves it"
+                    ))),
+                    Ok(Err(StoreError::NotFound(_))) => {
+                        self.state.forget(&name);
+                        Err(ReconcileError::Conflict)
+                    }
+                    Ok(Err(e)) => Err(ReconcileError::Store(format!("re-reading {name}: {e}"))),
+                    Err(_) => Err(ReconcileError::Store(format!(
+                        "re-reading {name}: no answer within {STORE_TIMEOUT:?}"
+                    ))),
                 }
-                Err(ReconcileError::Conflict)
             }
             Ok(Err(StoreError::NotFound(_))) => {
                 self.state.forget(&name);

@@ -225,7 +225,7 @@ async fn watch_store(ctx: Arc<Context>) {
     let backoff =
         Backoff { initial: Duration::from_millis(500), max: Duration::from_secs(30), jitter: 0.5 };
     let mut failures = 0u32;
-    let mut listing = None;
+    let mut listing = Listing::default();
     loop {
         let mut updates = ctx.store.watch();
         let reason = loop {
@@ -256,26 +256,49 @@ async fn watch_store(ctx: Arc<Context>) {
     }
 }
 
-/// One update of the store watch. `listing`: the gateways of the list in
-/// progress, page by page.
-fn on_update(state: &State, listing: &mut Option<HashSet<String>>, update: WatchUpdate) {
+/// What the store watch has delivered: the newest revision, and the names
+/// of the list in progress (page by page).
+#[derive(Debug, Default)]
+struct Listing {
+    newest: i64,
+    names: Option<HashSet<String>>,
+}
+
+/// One update of the store watch. A relist replaces what was cached (as a
+/// Kubernetes informer's Replace): a relist at a revision older than one
+/// already seen is a store restored from a backup, and the restored state
+/// is the truth.
+fn on_update(state: &State, listing: &mut Listing, update: WatchUpdate) {
+    let revision = update.revision();
     match update {
-        WatchUpdate::Init { .. } => *listing = Some(HashSet::new()),
+        WatchUpdate::Init { revision } => {
+            if revision < listing.newest {
+                tracing::warn!(
+                    revision,
+                    seen = listing.newest,
+                    "the store's revision went back: it was restored from a backup; converging on the restored gateways (writes made after the backup are gone)"
+                );
+            }
+            listing.names = Some(HashSet::new());
+            // Where the history is now, even if that is backwards.
+            listing.newest = revision;
+            return;
+        }
         // Handled by the watch loop (`watch_store`).
-        WatchUpdate::Interrupted { .. } => {}
+        WatchUpdate::Interrupted { .. } => return,
         WatchUpdate::InitPage { gateways, .. } => {
             // Each page is cached and queued as it comes: only the names of
             // the whole list are held until it is done.
-            let names = listing.get_or_insert_default();
+            let names = listing.names.get_or_insert_default();
             for g in gateways {
                 let name = name_of(&g);
-                state.remember(g);
+                state.replace(g);
                 state.queue.add(&name);
                 names.insert(name);
             }
         }
         WatchUpdate::InitDone { revision } => {
-            let names = listing.take().unwrap_or_default();
+            let names = listing.names.take().unwrap_or_default();
             for name in state.names() {
                 if !names.contains(&name) {
                     state.forget(&name);
@@ -300,6 +323,7 @@ fn on_update(state: &State, listing: &mut Option<HashSet<String>>, update: Watch
         WatchUpdate::Deleted { gateway, .. } => state.forget(&name_of(&gateway)),
         WatchUpdate::Bookmark { .. } => {}
     }
+    listing.newest = listing.newest.max(revision);
 }
 
 /// Queues every gateway about every `period` (jittered).

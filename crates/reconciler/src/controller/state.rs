@@ -168,8 +168,21 @@ impl State {
 
     /// Caches `gateway` unless a newer version is cached (a gateway the
     /// store removed is forgotten instead); whether it is news (a version
-    /// this process had not seen).
+    /// this process had not seen). For a watch event or the answer to this
+    /// process's own write: either may arrive after a newer one.
     pub(super) fn remember(&self, gateway: Gateway) -> bool {
+        self.cache(gateway, false)
+    }
+
+    /// Caches `gateway` whatever version is cached: the store's word as of
+    /// now (a page of a relist, a re-read), as a Kubernetes informer's
+    /// Replace. After a restore from a backup the store's versions are
+    /// lower than those this process saw; only this brings them in.
+    pub(super) fn replace(&self, gateway: Gateway) {
+        self.cache(gateway, true);
+    }
+
+    fn cache(&self, gateway: Gateway, replace: bool) -> bool {
         let name = name_of(&gateway);
         if is_removed(&gateway) {
             self.forget(&name);
@@ -178,12 +191,12 @@ impl State {
         let cached = Cached::of(&gateway);
         let mut gateways = lock(&self.gateways);
         let known = gateways.get(&name).map(|e| e.cached.resource_version);
-        let news = known.is_none_or(|rv| rv < cached.resource_version);
+        let news = known.is_none_or(|rv| rv != cached.resource_version);
         match gateways.get_mut(&name) {
-            Some(entry) if entry.cached.resource_version <= cached.resource_version => {
+            Some(entry) if replace || entry.cached.resource_version <= cached.resource_version => {
                 entry.cached = cached;
             }
-            Some(_) => {}
+            Some(_) => return false,
             None => {
                 let entry = Entry {
                     cached,

@@ -565,3 +565,84 @@ async fn no_pass_runs_before_the_targets_watches_list_and_a_shutdown_does_not_wa
     assert_eq!(running.controller.readiness(), Ok(()));
     running.stop().await;
 }
+
+fn spec_image(store: &MemoryStore, name: &str) -> String {
+    store.stored(name).and_then(|g| g.spec).unwrap_or_default().image
+}
+
+fn cached_image(running: &Running, name: &str) -> String {
+    running.controller.cached(name).and_then(|g| g.spec).unwrap_or_default().image
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_restored_from_a_backup_is_converged_on_and_later_edits_apply() {
+    let (store, target) = (MemoryStore::default(), Arc::new(ScriptedTarget::default()));
+    let running = Running::start(&store, &target);
+    create(&store, Gateway::test("edge"));
+    until(MINUTE, "running", || is_running(&store, "edge")).await;
+    let backup = store.backup();
+    // After the backup: an edit (several revisions with its status) and a
+    // new gateway, both converged; the cache is now ahead of the backup.
+    let image = |i: &'static str| move |g: &mut Gateway| g.spec.as_mut().unwrap().image = i.into();
+    edit(&store, "edge", image("ghcr.io/acme/gateway:2.0"), &["spec.image"]);
+    create(&store, Gateway::test("late"));
+    until(MINUTE, "both converged", || is_running(&store, "edge") && is_running(&store, "late"))
+        .await;
+
+    store.restore(&backup, None);
+    until(MINUTE, "the restored spec cached", || {
+        cached_image(&running, "edge") == "ghcr.io/acme/gateway:1.0"
+    })
+    .await;
+    assert!(running.controller.cached("late").is_none(), "a gateway the backup lacks is gone");
+    // An edit after the restore has a revision below those cached before
+    // it: applied all the same.
+    let applies = target.applies_of("edge");
+    edit(&store, "edge", image("ghcr.io/acme/gateway:3.0"), &["spec.image"]);
+    until(MINUTE, "the edit after the restore applied", || is_running(&store, "edge")).await;
+    assert_eq!(spec_image(&store, "edge"), "ghcr.io/acme/gateway:3.0");
+    assert_eq!(target.applies_of("edge"), applies + 1, "one apply for the one edit");
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn a_conflict_against_a_restored_store_is_re_read_once_not_looped() {
+    // Real time: a regression loops hot, which paused time would never
+    // leave; here the bounded wait fails instead.
+    let (store, target) = (MemoryStore::default(), Arc::new(ScriptedTarget::default()));
+    let controller = Controller::new(
+        Arc::new(store.clone()),
+        target.clone(),
+        Settings { sync_period: Duration::from_millis(100), ..settings() },
+        Arc::new(Metrics::default()),
+    );
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(controller.clone().run(async {
+        let _ = stopped.await;
+    }));
+    let running = Running { controller, stop: Some(stop), task };
+    create(&store, Gateway::test("edge"));
+    until(Duration::from_secs(30), "running", || is_running(&store, "edge")).await;
+    let backup = store.backup();
+    let label = |g: &mut Gateway| {
+        g.metadata.as_mut().unwrap().labels.insert("team".into(), "a".into());
+    };
+    edit(&store, "edge", label, &["metadata.labels"]);
+    until(Duration::from_secs(30), "the label cached", || {
+        running.controller.cached("edge").is_some_and(|g| !g.metadata.unwrap().labels.is_empty())
+    })
+    .await;
+    // Restored while the watch is refused: no relist tells the controller.
+    // The next pass (a resync) has news to write and meets the conflict
+    // of its stale version.
+    store.restore(&backup, Some(tonic::Status::unavailable("restarting")));
+    store.refuse_watches(Some(tonic::Status::unavailable("restarting")));
+    let reads = store.reads();
+    *lock(&target.workload) = Some(Workload::Progressing { message: "1 of 2 updated".into() });
+    until(Duration::from_secs(30), "the new status written", || {
+        status(&store, "edge").phase() == Phase::Provisioning
+    })
+    .await;
+    assert!(store.reads() - reads <= 2, "re-read {} times", store.reads() - reads);
+    running.stop().await;
+}

@@ -36,6 +36,15 @@ struct Memory {
     refuse_watch: Option<Status>,
     /// Successful updates by the reconciler role.
     reconciler_writes: u64,
+    /// Calls of `get`.
+    reads: u64,
+}
+
+/// What a backup of a [`MemoryStore`] holds: the gateways and the revision.
+#[derive(Debug, Clone)]
+pub struct Backup {
+    gateways: BTreeMap<String, Gateway>,
+    revision: i64,
 }
 
 fn rule_status(e: &RuleError) -> Status {
@@ -176,6 +185,34 @@ impl MemoryStore {
         self.lock().refuse_watch = status;
     }
 
+    /// A backup of the gateways and the revision now.
+    pub fn backup(&self) -> Backup {
+        let memory = self.lock();
+        Backup { gateways: memory.gateways.clone(), revision: memory.revision }
+    }
+
+    /// Puts `backup` back, as a store restored from it: the writes since
+    /// are gone and the revision goes back. The open watches end (with
+    /// `status` if given, else they are closed); new ones list the restored
+    /// gateways.
+    pub fn restore(&self, backup: &Backup, status: Option<Status>) {
+        let mut memory = self.lock();
+        memory.gateways = backup.gateways.clone();
+        memory.revision = backup.revision;
+        drop(memory);
+        let mut subscribers = self.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for tx in subscribers.drain(..) {
+            if let Some(status) = &status {
+                let _ = tx.send(Err(status.clone().into()));
+            }
+        }
+    }
+
+    /// Calls of `get` so far (the reconciler's re-reads).
+    pub fn reads(&self) -> u64 {
+        self.lock().reads
+    }
+
     /// Updates written by the reconciler role that changed something.
     pub fn reconciler_writes(&self) -> u64 {
         self.lock().reconciler_writes
@@ -190,7 +227,8 @@ impl MemoryStore {
 #[tonic::async_trait]
 impl GatewayStore for MemoryStore {
     async fn get(&self, name: &str) -> Result<Gateway, StoreError> {
-        let memory = self.lock();
+        let mut memory = self.lock();
+        memory.reads += 1;
         if memory.down {
             return Err(Status::unavailable("the store is down").into());
         }
