@@ -8,15 +8,15 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::Path;
-use std::process::Command;
 
 use gantry_api::v1::{
     CreateGatewayRequest, ListGatewaysRequest, UpdateGatewayRequest, WatchGatewaysRequest,
 };
 use gantry_client::GatewayClient;
+use gantry_testkit::backup::{pg_dump, pg_restore, sqlite_backup, sqlite_restore, tool};
 use gantry_testkit::eventually;
 use gantry_testkit::gateway::gateway;
-use gantry_testkit::{in_ci, skipped, temp_dir, StoreProcess, TestDatabase};
+use gantry_testkit::{temp_dir, StoreProcess, TestDatabase};
 use tokio_stream::StreamExt;
 
 async fn create(c: &GatewayClient, name: &str, image: &str) -> i64 {
@@ -53,25 +53,6 @@ async fn contents(c: &GatewayClient) -> (Vec<(String, String, i64)>, i64) {
         })
         .collect();
     (gateways, page.resource_version)
-}
-
-fn tool(name: &str) -> bool {
-    let present = Command::new(name).arg("--version").output().is_ok_and(|o| o.status.success());
-    if !present {
-        assert!(!in_ci(), "{name} is not installed");
-        skipped(&format!("{name} is not installed: its backup and restore were not tested"));
-    }
-    present
-}
-
-fn run(program: &str, args: &[&str]) {
-    let out = Command::new(program).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{program} {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// What the store held before the backup, what a writer had acknowledged
@@ -158,18 +139,12 @@ async fn a_sqlite_backup_restores_into_a_working_store() {
     let mut store = StoreProcess::start(&format!("sqlite://{}", db.display()), &dir);
     let c = store.client();
     // Online: the store keeps running (and writing) during the backup.
-    let written = before_during_and_after_the_backup(&c, || {
-        run("sqlite3", &[db.to_str().unwrap(), &format!(".backup '{}'", backup.display())]);
-    })
-    .await;
+    let written = before_during_and_after_the_backup(&c, || sqlite_backup(&db, &backup)).await;
 
     // Restore: stop the store, put the backup in place (without the old
     // WAL), start it again.
     store.kill9();
-    for stale in ["gantry.db-wal", "gantry.db-shm"] {
-        let _ = std::fs::remove_file(dir.join(stale));
-    }
-    std::fs::copy(&backup, &db).unwrap();
+    sqlite_restore(&backup, &db);
     store.spawn();
     check_restored(&store.client(), &written).await;
     drop(store);
@@ -187,19 +162,10 @@ async fn a_pg_dump_restores_into_a_new_database() {
     let dump = dir.join("gantry.dump");
     let store = StoreProcess::start(&source.url, &dir);
     let c = store.client();
-    let written = before_during_and_after_the_backup(&c, || {
-        run(
-            "pg_dump",
-            &["--format=custom", "--dbname", &source.url, "--file", dump.to_str().unwrap()],
-        );
-    })
-    .await;
+    let written = before_during_and_after_the_backup(&c, || pg_dump(&source.url, &dump)).await;
     drop(store);
 
-    run(
-        "pg_restore",
-        &["--no-owner", "--exit-on-error", "--dbname", &target.url, dump.to_str().unwrap()],
-    );
+    pg_restore(&dump, &target.url);
     let restored_dir = dir.join("restored");
     std::fs::create_dir_all(&restored_dir).unwrap();
     let restored = StoreProcess::start(&target.url, &restored_dir);
