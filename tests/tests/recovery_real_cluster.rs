@@ -1,7 +1,9 @@
 //! The promises off the happy path, judged by the real control plane
-//! (tests/k8s): a store restored from a backup is converged on. Skips with
-//! one line when the binaries are absent, and fails instead under
-//! `CI=true`.
+//! (tests/k8s): a store restored from a backup is converged on; a
+//! converged gateway whose repair keeps failing is FAILED at its own
+//! generation and recovers from it (the wedge the recovery policy exists
+//! for). Skips with one line when the binaries are absent, and fails
+//! instead under `CI=true`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -9,10 +11,13 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use gantry_api::v1::{EventType, GatewaySpec, ListGatewaysRequest, WatchGatewaysRequest};
+use gantry_api::v1::{
+    EventType, Gateway, GatewaySpec, ListGatewaysRequest, Phase, WatchGatewaysRequest,
+};
 use gantry_testkit::backup::{pg_dump, pg_restore, sqlite_backup, sqlite_restore, tool};
 use gantry_testkit::cluster::{ClusterRig, PATIENCE};
-use gantry_testkit::{eventually_blocking, temp_dir, TestDatabase};
+use gantry_testkit::k8s::{ControlPlane, RECONCILER_USER};
+use gantry_testkit::{binary, eventually_blocking, temp_dir, TestDatabase};
 use tokio_stream::StreamExt;
 
 fn spec(tag: &str) -> GatewaySpec {
@@ -142,4 +147,174 @@ async fn a_postgres_store_restored_under_a_running_reconciler_is_converged_on() 
     let file = dir.join("gantry.dump");
     let Some(rig) = ClusterRig::start_on("restore-pg", &database.url, dir) else { return };
     a_restore_is_converged_on(rig, Backup::Postgres { database, file }).await;
+}
+
+/// Refuses every update of a Deployment in the rig's namespace by the
+/// reconciler (a ValidatingAdmissionPolicy, as a freeze would), until
+/// dropped. Installed only once the server enforces it.
+struct Freeze {
+    plane: &'static ControlPlane,
+    namespace: String,
+    name: String,
+}
+
+const FROZEN: &str = "deployments are frozen by policy";
+
+impl Freeze {
+    /// Whether an update by the reconciler is refused now (a dry run).
+    fn enforced(&self) -> bool {
+        let probe = self.plane.kubectl_output(&[
+            "-n",
+            &self.namespace,
+            "annotate",
+            "deployment",
+            "edge",
+            "probe=1",
+            "--overwrite",
+            "--dry-run=server",
+            &format!("--as={RECONCILER_USER}"),
+        ]);
+        String::from_utf8_lossy(&probe.stderr).contains(FROZEN)
+    }
+
+    fn install(rig: &ClusterRig) -> Freeze {
+        let name = format!("freeze-{}", rig.namespace);
+        let policy = serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": ["apps"], "apiVersions": ["v1"],
+                    "operations": ["UPDATE"], "resources": ["deployments"],
+                }]},
+                "validations": [{
+                    "expression": format!("request.userInfo.username != '{RECONCILER_USER}'"),
+                    "message": FROZEN,
+                }],
+            },
+        });
+        let binding = serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": {"matchLabels": {
+                    "kubernetes.io/metadata.name": rig.namespace,
+                }}},
+            },
+        });
+        let list =
+            serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [policy, binding]});
+        let out = rig.plane.kubectl_stdin(&["apply", "-f", "-"], &list.to_string());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let freeze = Freeze { plane: rig.plane, namespace: rig.namespace.clone(), name };
+        // Policies take effect a moment after they are stored.
+        eventually_blocking(PATIENCE, "the freeze enforced", || freeze.enforced());
+        freeze
+    }
+}
+
+impl Drop for Freeze {
+    /// Lifts the freeze, and waits until the server no longer enforces it.
+    fn drop(&mut self) {
+        let policy = format!("validatingadmissionpolicy/{}", self.name);
+        let binding = format!("validatingadmissionpolicybinding/{}", self.name);
+        self.plane.kubectl(&["delete", &policy, &binding, "--ignore-not-found"]);
+        if !std::thread::panicking() {
+            eventually_blocking(PATIENCE, "the freeze lifted", || !self.enforced());
+        }
+    }
+}
+
+/// Someone else changes the Deployment's image: drift to repair.
+fn drift(rig: &ClusterRig) {
+    rig.kubectl(&["set", "image", "deployment/edge", "gateway=ghcr.io/acme/gateway:evil"]);
+}
+
+fn generation(g: &Gateway) -> i64 {
+    g.metadata.as_ref().unwrap().generation
+}
+
+/// FAILED at its own generation after `failures` attempts, saying why.
+async fn wait_failed(rig: &ClusterRig, failures: i32) -> Gateway {
+    let what = format!("FAILED at its generation after {failures} failures");
+    let g = rig
+        .wait_for("edge", &what, |g| {
+            let s = g.status.clone().unwrap_or_default();
+            s.phase() == Phase::Failed && s.failure_count == failures
+        })
+        .await;
+    let s = g.status.clone().unwrap();
+    assert_eq!(s.observed_generation, generation(&g), "the wedge: FAILED at an equal generation");
+    assert!(s.message.contains(FROZEN), "{}", s.message);
+    let stalled = s.conditions.iter().find(|c| c.r#type == "Stalled").unwrap();
+    assert_eq!(stalled.reason, "RetryBudgetExhausted");
+    g
+}
+
+async fn wait_recovered(rig: &ClusterRig, generation: i64, image: &str) {
+    let g = rig.wait_running("edge", generation).await;
+    assert_eq!(g.status.unwrap().failure_count, 0);
+    eventually_blocking(PATIENCE, "the drift repaired", || deployed_image(rig, "edge") == image);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_converged_gateway_whose_repair_fails_is_failed_at_its_generation_and_recovers() {
+    let Some(mut rig) = ClusterRig::start("wedge") else { return };
+    // A window of 5 s: each retry after FAILED comes 5 s after the last.
+    let quick = ["--retry-budget", "2", "--failed-retry-floor", "5s", "--sync-period", "5s"];
+    for identity in ["replica-a", "replica-b"] {
+        let leader = ["--leader-elect", "--lease-duration", "3s", "--identity", identity];
+        rig.reconciler(&[&quick[..], &leader[..]].concat());
+    }
+    rig.create_spec("edge", spec("1")).await;
+    rig.wait_running("edge", 1).await;
+
+    let freeze = Freeze::install(&rig);
+    drift(&rig);
+    wait_failed(&rig, 2).await;
+    // A leader hand-over: the new leader continues the record (a third
+    // failure, not a fresh budget).
+    let holder = rig.lease_holder().expect("a leader");
+    let index = usize::from(holder == "replica-b");
+    rig.reconcilers[index].kill9();
+    wait_failed(&rig, 3).await;
+    // A restarted reconciler continues it too.
+    let other = 1 - index;
+    rig.reconcilers[other].kill9();
+    rig.reconcilers[index].spawn();
+    wait_failed(&rig, 4).await;
+    // The cause goes away; nobody touches the spec: after the window it
+    // recovers.
+    drop(freeze);
+    wait_recovered(&rig, 1, "ghcr.io/acme/gateway:1").await;
+    assert_eq!(generation(&rig.get("edge").await.unwrap()), 1, "no spec change");
+
+    // With a window of ten minutes, a retry request and a spec change each
+    // recover it at once.
+    rig.reconcilers.clear();
+    let slow = ["--retry-budget", "2", "--failed-retry-floor", "10m", "--sync-period", "10m"];
+    rig.reconciler(&slow);
+    let freeze = Freeze::install(&rig);
+    drift(&rig);
+    wait_failed(&rig, 2).await;
+    drop(freeze);
+    let out = std::process::Command::new(binary("gatewayctl"))
+        .args(["--server", &rig.store.endpoint(), "retry", "edge"])
+        .env("HOME", temp_dir("wedge-home"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_recovered(&rig, 1, "ghcr.io/acme/gateway:1").await;
+
+    let freeze = Freeze::install(&rig);
+    drift(&rig);
+    wait_failed(&rig, 2).await;
+    drop(freeze);
+    rig.set_spec("edge", spec("2")).await;
+    wait_recovered(&rig, 2, "ghcr.io/acme/gateway:2").await;
 }

@@ -377,7 +377,7 @@ impl ControlPlane {
     fn wait_ready(&mut self, started: Instant) {
         let deadline = started + Duration::from_secs(90);
         loop {
-            let out = self.kubectl_raw(&["get", "--raw", "/readyz"]);
+            let out = self.kubectl_output(&["get", "--raw", "/readyz"]);
             if out.status.success() {
                 return;
             }
@@ -406,14 +406,15 @@ impl ControlPlane {
         command
     }
 
-    fn kubectl_raw(&self, args: &[&str]) -> Output {
+    /// Runs kubectl as the admin; its output whether it failed or not.
+    pub fn kubectl_output(&self, args: &[&str]) -> Output {
         self.admin_kubectl(args).output().expect("run kubectl")
     }
 
     /// Runs kubectl as the admin and returns its stdout; panics with its
     /// stderr on failure.
     pub fn kubectl(&self, args: &[&str]) -> String {
-        let out = self.kubectl_raw(args);
+        let out = self.kubectl_output(args);
         assert!(
             out.status.success(),
             "kubectl {}: {}",
@@ -455,7 +456,7 @@ impl ControlPlane {
         let deadline = Instant::now() + timeout;
         let mut last = String::new();
         while Instant::now() < deadline {
-            let out = self.kubectl_raw(args);
+            let out = self.kubectl_output(args);
             last = format!(
                 "{}{}",
                 String::from_utf8_lossy(&out.stdout),

@@ -434,10 +434,19 @@ async fn a_degraded_gateway_reprovisions_on_a_spec_change() {
 #[tokio::test(start_paused = true)]
 async fn failed_at_an_equal_generation_recovers_after_the_window_without_a_spec_change() {
     let (store, target) = (MemoryStore::default(), Arc::new(ScriptedTarget::default()));
-    target.fail_with(Some("quota exceeded"));
     let running = Running::start(&store, &target);
     create(&store, Gateway::test("edge"));
+    until(MINUTE, "running", || is_running(&store, "edge")).await;
+    // Converged at generation 1; its drift repair fails until the budget
+    // is spent: FAILED with observed_generation == generation.
+    target.fail_with(Some("quota exceeded"));
+    target.drifted.store(true, Ordering::SeqCst);
+    running.controller.state().queue.add("edge"); // what the owned-object watch does
     until(MINUTE, "FAILED", || is_failed(&store, "edge")).await;
+    let g = store.stored("edge").unwrap();
+    let s = g.status.unwrap();
+    assert_eq!((s.observed_generation, g.metadata.unwrap().generation), (1, 1));
+    assert_eq!((s.failure_count, s.message.as_str()), (BUDGET as i32, "quota exceeded"));
     target.fail_with(None); // the cause went away; nobody touches the spec
     until(6 * MINUTE, "RUNNING after the window", || is_running(&store, "edge")).await;
     let s = status(&store, "edge");
