@@ -318,7 +318,7 @@ async fn the_role_grants_exactly_what_the_reconciler_calls_on_the_real_audit_log
     let Some(mut rig) = Rig::start("rbac") else { return };
     rig.reconciler(&["--leader-elect", "--lease-duration", "4s", "--identity", "rbac"]);
     // A full lifecycle: create with a route and three replicas, change,
-    // shrink (prune), delete.
+    // shrink (prune), replace a Deployment (opted in), delete.
     rig.create_spec("edge", GatewaySpec { replicas: Some(3), ..full_spec("1") }).await;
     rig.admit("edge", "lb-1.example.net");
     rig.wait_running("edge", 1).await;
@@ -326,6 +326,18 @@ async fn the_role_grants_exactly_what_the_reconciler_calls_on_the_real_audit_log
     rig.wait_running("edge", 2).await;
     rig.set_spec("edge", GatewaySpec { image: image("2"), ..Default::default() }).await;
     rig.wait_running("edge", 3).await;
+    // A Deployment replaced for a field that cannot change (opted in).
+    opt_in_to_recreate(&rig).await;
+    let uid = rig.get("edge").await.unwrap().metadata.unwrap().uid;
+    let old_uid = swap_in_another_selector(&mut rig, &uid);
+    eventually_blocking(PATIENCE, "the old Deployment replaced and its pods retired", || {
+        // Between the old one's deletion and the new apply there is none.
+        let live = rig.kubectl(&["get", "deployment", "edge", "-o", "json", "--ignore-not-found"]);
+        let live: Value = serde_json::from_str(&live).unwrap_or(Value::Null);
+        !live.is_null()
+            && live["metadata"]["uid"] != old_uid
+            && rig.ready_pod_images() == [image("2")]
+    });
     rig.delete("edge").await;
     rig.wait_gone("edge").await;
     // Lease renewals (update) happen every few seconds.
@@ -383,18 +395,14 @@ async fn edits_by_others_are_repaired_and_metadata_only_changes_are_not_drift() 
     assert_eq!(rig.json(&["get", "deployment", "edge"])["status"]["availableReplicas"], 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deployment_whose_selector_differs_is_recreated_not_retried_forever() {
-    let Some(mut rig) = Rig::start("immutable") else { return };
-    rig.reconciler(&[]);
-    rig.create_spec("edge", GatewaySpec { image: image("1"), ..Default::default() }).await;
-    rig.wait_running("edge", 1).await;
-
-    // While no reconciler runs, the Deployment is replaced by one with
-    // another selector (as an older release might have left it).
-    rig.reconcilers[0].kill9();
+/// While no reconciler runs, replaces the gateway's Deployment with one of
+/// another selector (as an older release might have left it), its pods
+/// Ready on `image("0")`; restarts the reconcilers. The old Deployment's uid.
+fn swap_in_another_selector(rig: &mut Rig, uid: &str) -> Value {
+    for r in &mut rig.reconcilers {
+        r.kill9();
+    }
     rig.kubectl(&["delete", "deployment", "edge", "--wait=true"]);
-    let uid = rig.get("edge").await.unwrap().metadata.unwrap().uid;
     let old = serde_json::json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "edge", "namespace": rig.namespace,
@@ -403,7 +411,10 @@ async fn a_deployment_whose_selector_differs_is_recreated_not_retried_forever() 
         "spec": {
             "selector": {"matchLabels": {"app": "edge-old"}},
             "template": {
-                "metadata": {"labels": {"app": "edge-old"}},
+                // gantry's marks, but not the label the new selector
+                // matches: its ReplicaSet is not adopted, it is retired.
+                "metadata": {"labels": {"app": "edge-old", "app.kubernetes.io/managed-by": "gantry",
+                                        "gantry.dev/gateway-uid": uid}},
                 "spec": {
                     "securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [{"name": "gateway", "image": image("0"), "securityContext": {
@@ -416,21 +427,88 @@ async fn a_deployment_whose_selector_differs_is_recreated_not_retried_forever() 
         &["apply", "--server-side", "--field-manager=older-gantry", "-f", "-"],
         &old.to_string(),
     );
-    let old_uid = rig.json(&["get", "deployment", "edge"])["metadata"]["uid"].clone();
-
-    rig.reconcilers[0].spawn();
-    eventually_blocking(PATIENCE, "the Deployment recreated with gantry's selector", || {
-        // Between its deletion and the new apply there is no Deployment.
-        let text = rig.kubectl(&["get", "deployment", "edge", "-o", "json", "--ignore-not-found"]);
-        let live: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-        live["metadata"]["uid"] != old_uid
-            && !live.is_null()
-            && live["spec"]["selector"]["matchLabels"]
-                == serde_json::json!({"gantry.dev/gateway": "edge"})
+    eventually_blocking(PATIENCE, "the old Deployment's pod Ready", || {
+        rig.ready_pod_images() == [image("0")]
     });
+    let old_uid = rig.json(&["get", "deployment", "edge"])["metadata"]["uid"].clone();
+    for r in &mut rig.reconcilers {
+        r.spawn();
+    }
+    old_uid
+}
+
+/// Opts the gateway in to replacing what cannot change.
+async fn opt_in_to_recreate(rig: &Rig) {
+    let mut g = rig.get("edge").await.unwrap();
+    let annotations = &mut g.metadata.as_mut().unwrap().annotations;
+    annotations.insert("gantry.dev/recreate-on-immutable".into(), "true".into());
+    rig.update(g, &["metadata.annotations"]).await;
+}
+
+/// Waits for RUNNING while sampling the pods: at every sample some pod is
+/// Ready (the old ones go only after a new one is available), and at the
+/// end only the new image runs and no ReplicaSet is left without an owner.
+async fn replaced_without_a_gap(rig: &Rig) {
+    let sampling = std::sync::atomic::AtomicBool::new(true);
+    let samples = std::thread::scope(|scope| {
+        let sampler = scope.spawn(|| {
+            let mut samples = Vec::new();
+            while sampling.load(std::sync::atomic::Ordering::SeqCst) {
+                samples.push(rig.ready_pod_images());
+            }
+            samples
+        });
+        tokio::task::block_in_place(|| {
+            tokio::runtime::Handle::current().block_on(rig.wait_running("edge", 1))
+        });
+        eventually_blocking(PATIENCE, "the old pods retired", || {
+            rig.ready_pod_images() == [image("1")]
+        });
+        sampling.store(false, std::sync::atomic::Ordering::SeqCst);
+        sampler.join().unwrap()
+    });
+    let gaps: Vec<_> = samples.iter().filter(|ready| ready.is_empty()).collect();
+    assert!(gaps.is_empty(), "no pod Ready in {} of {} samples", gaps.len(), samples.len());
+    let sets = rig.json(&["get", "replicasets"]);
+    for rs in sets["items"].as_array().unwrap() {
+        assert!(rs["metadata"]["ownerReferences"].is_array(), "left behind: {rs}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_whose_selector_differs_is_reported_and_replaced_only_when_opted_in() {
+    let Some(mut rig) = Rig::start("immutable") else { return };
+    rig.reconciler(&["--retry-budget", "2"]);
+    rig.create_spec("edge", GatewaySpec { image: image("1"), ..Default::default() }).await;
     rig.wait_running("edge", 1).await;
-    assert_eq!(rig.ready_pod_images(), [image("1")]);
-    assert!(rig.reconcilers[0].logs().contains("recreating the object"));
+    let uid = rig.get("edge").await.unwrap().metadata.unwrap().uid;
+    let old_uid = swap_in_another_selector(&mut rig, &uid);
+
+    // Without the opt-in: FAILED, saying which field and the way out;
+    // the live Deployment and its pods untouched.
+    let failed = rig
+        .wait_for("edge", "FAILED", |g| {
+            g.status.clone().unwrap_or_default().phase() == Phase::Failed
+        })
+        .await;
+    let message = failed.status.unwrap().message;
+    assert!(message.contains("spec.selector"), "{message}");
+    assert!(message.contains("gantry.dev/recreate-on-immutable=true"), "{message}");
+    assert!(message.contains("--recreate-on-immutable"), "{message}");
+    assert_eq!(rig.json(&["get", "deployment", "edge"])["metadata"]["uid"], old_uid);
+    assert_eq!(rig.ready_pod_images(), [image("0")]);
+
+    // Opted in: replaced at once (a fresh budget), the old pods serving
+    // until a new one is Ready.
+    opt_in_to_recreate(&rig).await;
+    replaced_without_a_gap(&rig).await;
+    let live = rig.json(&["get", "deployment", "edge"]);
+    assert_ne!(live["metadata"]["uid"], old_uid);
+    assert_eq!(
+        live["spec"]["selector"]["matchLabels"],
+        serde_json::json!({"gantry.dev/gateway": "edge"})
+    );
+    assert!(rig.reconcilers[0].logs().contains("replacing the object (opted in)"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -90,6 +90,14 @@ pub struct TargetArgs {
     /// Directory for --target directory.
     #[arg(long, env = "GANTRY_DIRECTORY", default_value = "gantry-manifests")]
     pub directory: PathBuf,
+
+    /// When the cluster refuses a change to a field that cannot change on a
+    /// live object (a Deployment's selector), replace the object for every
+    /// gateway instead of reporting it (per gateway: the annotation
+    /// `gantry.dev/recreate-on-immutable: "true"`). A replaced Deployment's
+    /// pods serve until the new ones are available.
+    #[arg(long, env = "GANTRY_RECREATE_ON_IMMUTABLE")]
+    pub recreate_on_immutable: bool,
 }
 
 /// What the rendered objects carry.

@@ -148,6 +148,7 @@ pub async fn run(
             let settings = KubeSettings {
                 relist_period: config.control.sync_period,
                 route_deadline: config.render.route_deadline,
+                recreate_on_immutable: config.manifests.recreate_on_immutable,
             };
             let target = KubeTarget::with_settings(
                 client.clone(),

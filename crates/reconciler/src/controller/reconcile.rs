@@ -38,13 +38,19 @@ pub async fn reconcile(mut gateway: Gateway, ctx: &Context) -> Result<Action, Re
     ctx.seen(name, meta.generation);
     let current = gateway.status.clone().unwrap_or_default();
     let rendered = render(&gateway, &ctx.settings.render);
+    let owner = Owner::of(&meta);
+    // A retry request, and the opt-in to replacing what cannot change, are
+    // new inputs: each gets a fresh budget at once.
+    let mut retry_token = meta.annotations.get(RETRY_ANNOTATION).cloned().unwrap_or_default();
+    if owner.recreate {
+        retry_token.push_str("+recreate");
+    }
     let inputs = Inputs {
         generation: meta.generation,
         fingerprint: rendered.fingerprint.clone(),
-        retry_token: meta.annotations.get(RETRY_ANNOTATION).cloned().unwrap_or_default(),
+        retry_token,
     };
     let record = ctx.record(name, &current, &inputs);
-    let owner = Owner::of(&meta);
     let facts = Facts {
         gateway: &gateway,
         rendered: &rendered,

@@ -212,7 +212,7 @@ mod tests {
     use gantry_api::v1::{Gateway, GatewaySpec, ObjectMeta};
 
     fn owner(uid: &str) -> Owner {
-        Owner { name: "edge".into(), uid: uid.into() }
+        Owner { name: "edge".into(), uid: uid.into(), recreate: false }
     }
 
     fn manifests(uid: &str) -> Vec<Manifest> {

@@ -18,11 +18,19 @@ use futures_util::stream::BoxStream;
 pub struct Owner {
     pub name: String,
     pub uid: String,
+    /// The gateway opted in to replacing an object whose immutable field
+    /// differs ([`RECREATE_ANNOTATION`]).
+    pub recreate: bool,
 }
+
+/// Annotation by which a gateway opts in to having an object replaced when
+/// a field that cannot change on a live object differs (`"true"`).
+pub const RECREATE_ANNOTATION: &str = "gantry.dev/recreate-on-immutable";
 
 impl Owner {
     pub fn of(meta: &gantry_api::v1::ObjectMeta) -> Self {
-        Self { name: meta.name.clone(), uid: meta.uid.clone() }
+        let recreate = meta.annotations.get(RECREATE_ANNOTATION).is_some_and(|v| v == "true");
+        Self { name: meta.name.clone(), uid: meta.uid.clone(), recreate }
     }
 }
 
@@ -43,6 +51,10 @@ pub enum TargetError {
     /// lapsed.
     #[error("{what}: stopped, this replica's leadership has lapsed")]
     Fenced { what: String },
+    /// The cluster refused to change a field that cannot change on a live
+    /// object, and nothing was replaced (no opt-in).
+    #[error("{kind} {name}: {field} cannot change on the live object ({detail}); nothing was changed, so its pods keep serving. To replace it (a Deployment's new pods become available before the old ones go), annotate the gateway {RECREATE_ANNOTATION}=true or run the reconciler with --recreate-on-immutable, or delete the {kind} yourself")]
+    Immutable { kind: String, name: String, field: String, detail: String },
     /// Anything else (the directory target's files, a scripted failure).
     #[error("{0}")]
     Other(String),

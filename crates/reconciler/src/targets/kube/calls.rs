@@ -69,28 +69,32 @@ pub(super) fn is_immutable_change(e: &kube::Error) -> bool {
 }
 
 /// Server-side applies `manifest` (forced: the object is ours, checked
-/// before); when the live object differs in a field that cannot change,
-/// deletes it and applies again, as `kubectl apply --force` does (retrying
-/// the same apply would fail forever).
-pub(super) async fn apply_or_recreate(
+/// before); the API server's error as it came, for the caller to judge.
+pub(super) async fn apply_object(
     api: &Api<DynamicObject>,
     kind: &str,
     name: &str,
     manifest: &Value,
-) -> Result<DynamicObject, TargetError> {
+) -> Result<Result<DynamicObject, kube::Error>, TargetError> {
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    let what = format!("apply {kind} {name}");
-    match tokio::time::timeout(CALL_TIMEOUT, api.patch(name, &params, &Patch::Apply(manifest)))
+    tokio::time::timeout(CALL_TIMEOUT, api.patch(name, &params, &Patch::Apply(manifest)))
         .await
-    {
-        Ok(Err(e)) if is_immutable_change(&e) => {
-            tracing::warn!(kind, name, error = %describe(&e), "an immutable field differs; recreating the object");
-            delete_object(api, &format!("recreate {kind} {name}"), name).await?;
-            bounded(&what, api.patch(name, &params, &Patch::Apply(manifest))).await
-        }
-        Ok(result) => result.map_err(|e| TargetError::Call { what, message: describe(&e) }),
-        Err(_) => Err(TargetError::Timeout { what, after: CALL_TIMEOUT }),
-    }
+        .map_err(|_| TargetError::Timeout {
+            what: format!("apply {kind} {name}"),
+            after: CALL_TIMEOUT,
+        })
+}
+
+/// The path of the immutable field a refusal names (`spec.selector` in
+/// `Deployment.apps "edge" is invalid: spec.selector: Invalid value: ...:
+/// field is immutable`), or "a field" when it names none.
+pub(super) fn immutable_field(message: &str) -> String {
+    let after = message.split_once("is invalid: ").map_or(message, |(_, rest)| rest);
+    after
+        .split_once(": ")
+        .map(|(field, _)| field.trim())
+        .filter(|f| !f.is_empty() && !f.contains(' '))
+        .map_or_else(|| "a field".to_string(), str::to_string)
 }
 
 /// The refusal for an object in the way.
@@ -103,7 +107,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_a_refused_immutable_change_recreates() {
+    fn a_refusal_names_its_immutable_field() {
+        let message = "Deployment.apps \"edge\" is invalid: spec.selector: Invalid value: {\"matchLabels\":{}}: field is immutable";
+        assert_eq!(immutable_field(message), "spec.selector");
+        assert_eq!(immutable_field("field is immutable"), "a field");
+    }
+
+    #[test]
+    fn only_a_refused_immutable_change_counts_as_one() {
         let refusal = |code: u16, message: &str| {
             kube::Error::Api(
                 kube::core::Status { code, message: message.into(), ..Default::default() }.boxed(),

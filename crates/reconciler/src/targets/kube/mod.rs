@@ -23,6 +23,7 @@
 mod cache;
 mod calls;
 mod drift;
+mod replace;
 mod rollout;
 
 pub use calls::CALL_TIMEOUT;
@@ -39,7 +40,8 @@ use kube::runtime::watcher;
 use kube::Client;
 
 use self::cache::{key, track, Cache, Key, Live, Reading};
-use self::calls::{api_resource, apply_or_recreate, bounded, delete_object, not_ours};
+use self::calls::{api_resource, bounded, delete_object, not_ours};
+use self::replace::Retiring;
 use self::rollout::with_route;
 use super::{Owner, Target, TargetError};
 use crate::leader::Fence;
@@ -59,11 +61,18 @@ pub struct KubeSettings {
     /// How long a route may wait for a load-balancer address before the
     /// gateway is DEGRADED.
     pub route_deadline: Duration,
+    /// Replace an object whose immutable field differs for every gateway
+    /// (otherwise only for those that opt in).
+    pub recreate_on_immutable: bool,
 }
 
 impl Default for KubeSettings {
     fn default() -> Self {
-        Self { relist_period: Duration::from_secs(300), route_deadline: Duration::from_secs(600) }
+        Self {
+            relist_period: Duration::from_secs(300),
+            route_deadline: Duration::from_secs(600),
+            recreate_on_immutable: false,
+        }
     }
 }
 
@@ -74,6 +83,8 @@ pub struct KubeTarget {
     settings: KubeSettings,
     fence: Fence,
     cache: Arc<Mutex<Cache>>,
+    /// Gateways whose replaced Deployment's pods are still to retire.
+    retiring: Retiring,
 }
 
 impl std::fmt::Debug for KubeTarget {
@@ -98,6 +109,7 @@ impl KubeTarget {
             settings,
             fence: Fence::default(),
             cache: Arc::default(),
+            retiring: Retiring::default(),
         }
     }
 
@@ -237,15 +249,16 @@ impl Target for KubeTarget {
             let what = format!("apply {kind} {name}");
             let k = key(kind, name);
             self.cache().applying.insert(k.clone(), None);
-            let applied =
-                match self.fenced(&what, apply_or_recreate(&api, kind, name, &manifest.body)).await
-                {
-                    Ok(applied) => applied,
-                    Err(e) => {
-                        self.cache().applying.remove(&k);
-                        return Err(e);
-                    }
-                };
+            let applied = match self
+                .fenced(&what, self.apply_or_replace(&api, kind, name, &manifest.body, owner))
+                .await
+            {
+                Ok(applied) => applied,
+                Err(e) => {
+                    self.cache().applying.remove(&k);
+                    return Err(e);
+                }
+            };
             // The answer is the object as applied: judged now, cached unless
             // the watch already brought a newer version or its deletion.
             let live = Live::answered(k.0, applied, &manifest.body, &fingerprint);
@@ -268,7 +281,7 @@ impl Target for KubeTarget {
                 tracing::info!(gateway = owner.name, kind, name, "pruned");
             }
         }
-        Ok(())
+        self.retire(owner, rendered).await
     }
 
     async fn observe(
@@ -328,6 +341,8 @@ impl Target for KubeTarget {
                 drifted: true,
             });
         };
+        // A replaced Deployment's old pods retire in an apply pass.
+        drifted |= self.retirement_due(owner, &deployment);
         let deadline = self.settings.route_deadline;
         let workload = with_route(deployment, ingress, &route_address, route_waited, deadline);
         Ok(Observation { workload, route_address, drifted })
@@ -357,6 +372,7 @@ impl Target for KubeTarget {
         let config = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
         let (tx, rx) = tokio::sync::mpsc::channel::<String>(1024);
         let period = self.settings.relist_period;
+        tokio::spawn(self.retiring.clone().find_owned(self.api("apps/v1", "ReplicaSet")));
         for (i, (api_version, kind)) in OWNED_KINDS.iter().enumerate() {
             let api = self.api(api_version, kind);
             let (cache, config, tx) = (self.cache.clone(), config.clone(), tx.clone());
