@@ -23,7 +23,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::Ingress;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use tonic::Code;
 
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -221,7 +221,9 @@ async fn a_gateway_converges_changes_and_is_deleted() {
         deployment.metadata.managed_fields.unwrap().into_iter().filter_map(|m| m.manager).collect();
     assert!(managers.contains(&"gantry-reconciler".to_string()));
     let cm: Api<ConfigMap> = Api::namespaced(rig.kube_client.clone(), "default");
-    assert!(cm.get("edge").await.unwrap().data.unwrap().contains_key("gantry.json"));
+    let configs = cm.list(&ListParams::default().labels("gantry.dev/gateway=edge")).await.unwrap();
+    assert_eq!(configs.items.len(), 1);
+    assert!(configs.items[0].data.as_ref().unwrap().contains_key("gantry.json"));
 
     // Spec change: the Deployment follows and observed_generation advances.
     rig.set_spec("edge", spec("ghcr.io/acme/gw:2")).await;
@@ -404,10 +406,13 @@ async fn out_of_band_changes_to_owned_objects_are_repaired() {
     let configmaps: Api<ConfigMap> = Api::namespaced(rig.kube_client.clone(), "default");
     let services: Api<k8s_openapi::api::core::v1::Service> =
         Api::namespaced(rig.kube_client.clone(), "default");
-    configmaps.delete("drift", &DeleteParams::default()).await.unwrap();
+    let of_drift = ListParams::default().labels("gantry.dev/gateway=drift");
+    let config = configmaps.list(&of_drift).await.unwrap().items.remove(0);
+    let config = config.metadata.name.unwrap();
+    configmaps.delete(&config, &DeleteParams::default()).await.unwrap();
     services.delete("drift", &DeleteParams::default()).await.unwrap();
     eventually(PATIENCE, "the deleted ConfigMap and Service were never re-created", || async {
-        configmaps.get_opt("drift").await.unwrap().is_some()
+        configmaps.get_opt(&config).await.unwrap().is_some()
             && services.get_opt("drift").await.unwrap().is_some()
     })
     .await;

@@ -102,10 +102,11 @@ async fn lifecycle(mut rig: Rig) {
     let status = g.status.unwrap();
     let ready = status.conditions.iter().find(|c| c.r#type == "Ready").unwrap();
     assert_eq!(ready.status(), ConditionStatus::True);
+    let config_name = rig.config_map_name("edge");
     assert_eq!(
         rig.objects(OWNED),
         [
-            "configmap/edge",
+            &format!("configmap/{config_name}"),
             "deployment.apps/edge",
             "ingress.networking.k8s.io/edge",
             "poddisruptionbudget.policy/edge",
@@ -121,7 +122,8 @@ async fn lifecycle(mut rig: Rig) {
     let deployment = rig.json(&["get", "deployment", "edge"]);
     assert_eq!(deployment["status"]["availableReplicas"], 2);
     assert_eq!(deployment["status"]["observedGeneration"], deployment["metadata"]["generation"]);
-    let config = rig.json(&["get", "configmap", "edge"]);
+    let config = rig.config_map("edge");
+    assert_eq!(config["immutable"], true);
     assert_eq!(config["data"]["mode"], "strict");
     assert_eq!(config["data"]["routes.yaml"].as_str().unwrap(), routes());
 
@@ -161,8 +163,9 @@ async fn lifecycle(mut rig: Rig) {
         .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch" | "delete")))
         .collect();
     assert!(!writes.is_empty());
+    let ours = |name: &str| name == "edge" || name == config_name;
     let foreign_writes: Vec<_> =
-        writes.iter().filter(|e| e["objectRef"]["name"] != "edge").collect();
+        writes.iter().filter(|e| !ours(e["objectRef"]["name"].as_str().unwrap_or(""))).collect();
     assert!(
         foreign_writes.is_empty(),
         "the reconciler wrote to objects it does not own: {foreign_writes:?}"
@@ -592,7 +595,7 @@ async fn a_gateway_named_like_the_control_plane_cannot_take_it_over() {
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "gateway-store", "namespace": rig.namespace}},
         {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gateway-store", "namespace": rig.namespace},
          "spec": {"selector": {"app": "gateway-store"}, "ports": [{"name": "grpc", "port": 50051}]}},
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "gateway-reconciler", "namespace": rig.namespace}, "data": {"k": "v"}},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "gateway-reconciler", "namespace": rig.namespace}},
     ]});
     rig.plane.kubectl_stdin(
         &["apply", "--server-side", "--field-manager=platform", "-f", "-"],
@@ -604,7 +607,7 @@ async fn a_gateway_named_like_the_control_plane_cannot_take_it_over() {
 
     for (gateway, blocked) in [
         ("gateway-store", "ServiceAccount gateway-store"),
-        ("gateway-reconciler", "ConfigMap gateway-reconciler"),
+        ("gateway-reconciler", "ServiceAccount gateway-reconciler"),
     ] {
         rig.create_spec(gateway, GatewaySpec { image: image("1"), ..Default::default() }).await;
         let g = rig
@@ -701,7 +704,13 @@ async fn every_owned_kind_is_repaired_an_idle_fleet_costs_no_writes_and_scaling_
     // Another actor's change to any field gantry applies is repaired.
     type Edit = (&'static str, &'static str, &'static str, fn(&Value) -> bool);
     let edits: [Edit; 7] = [
-        ("configmap", "merge", r#"{"data":{"mode":"HACKED"}}"#, |o| o["data"]["mode"] == "strict"),
+        // (Its data cannot change: it is immutable. Its labels can.)
+        (
+            "configmap",
+            "merge",
+            r#"{"metadata":{"labels":{"app.kubernetes.io/name":"evil"}}}"#,
+            |o| o["metadata"]["labels"]["app.kubernetes.io/name"] == "gantry-gateway",
+        ),
         ("service", "merge", r#"{"spec":{"selector":{"gantry.dev/gateway":"evil"}}}"#, |o| {
             o["spec"]["selector"]["gantry.dev/gateway"] == "edge"
         }),
@@ -733,11 +742,12 @@ async fn every_owned_kind_is_repaired_an_idle_fleet_costs_no_writes_and_scaling_
         ),
     ];
     for (kind, patch_type, patch, repaired) in edits {
-        rig.kubectl(&["patch", kind, "edge", "--type", patch_type, "-p", patch]);
+        let name = if kind == "configmap" { rig.config_map_name("edge") } else { "edge".into() };
+        rig.kubectl(&["patch", kind, &name, "--type", patch_type, "-p", patch]);
         // With a 2 s resync a repair comes within seconds whether the
         // watch or the resync brings it; what is checked is that it comes.
         let what = format!("{kind}: the edit repaired");
-        eventually_blocking(PATIENCE, &what, || repaired(&rig.json(&["get", kind, "edge"])));
+        eventually_blocking(PATIENCE, &what, || repaired(&rig.json(&["get", kind, &name])));
     }
     rig.wait_running("edge", 1).await;
 }

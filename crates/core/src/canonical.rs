@@ -7,6 +7,8 @@
 
 use gantry_api::v1::GatewaySpec;
 
+use crate::syntax::canonical_quantity;
+
 fn sort_dedup(list: &mut Vec<String>) {
     list.sort();
     list.dedup();
@@ -31,8 +33,23 @@ pub fn canonical_spec(mut spec: GatewaySpec) -> GatewaySpec {
 }
 
 /// Whether two specs differ after canonicalisation: the generation rule.
+/// Quantities compare by amount (`0.25` and `250m` are one spec), but the
+/// stored spec keeps them as the user wrote them: a rewrite to the same
+/// amount changes nothing, and the reconciler renders every quantity in
+/// one spelling ([`canonical_quantity`]), so its pods never roll for it.
 pub fn spec_changed(old: &GatewaySpec, new: &GatewaySpec) -> bool {
-    canonical_spec(old.clone()) != canonical_spec(new.clone())
+    comparable(old.clone()) != comparable(new.clone())
+}
+
+/// The canonical form with every quantity in its canonical spelling.
+fn comparable(spec: GatewaySpec) -> GatewaySpec {
+    let mut spec = canonical_spec(spec);
+    if let Some(resources) = &mut spec.resources {
+        for value in resources.requests.values_mut().chain(resources.limits.values_mut()) {
+            *value = canonical_quantity(value);
+        }
+    }
+    spec
 }
 
 #[cfg(test)]
@@ -69,6 +86,23 @@ mod tests {
         };
         assert!(!spec_changed(&a, &b));
         assert_eq!(canonical_spec(a.clone()), canonical_spec(canonical_spec(a)));
+    }
+
+    #[test]
+    fn a_quantity_counts_by_its_amount_not_its_spelling() {
+        let cpu = |q: &str| GatewaySpec {
+            image: "gw".into(),
+            resources: Some(gantry_api::v1::ResourceRequirements {
+                requests: [("cpu".to_string(), q.to_string())].into(),
+                limits: [("memory".to_string(), "1Gi".to_string())].into(),
+            }),
+            ..Default::default()
+        };
+        assert!(!spec_changed(&cpu("0.25"), &cpu("250m")));
+        assert!(spec_changed(&cpu("0.25"), &cpu("251m")));
+        // What the user wrote is kept.
+        let kept = canonical_spec(cpu("0.25")).resources.unwrap();
+        assert_eq!(kept.requests["cpu"], "0.25");
     }
 
     #[test]

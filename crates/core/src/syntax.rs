@@ -325,9 +325,76 @@ pub fn quantity_nanos(s: &str) -> Option<i128> {
     }
 }
 
+/// One spelling per amount, for comparing and rendering quantities:
+/// `0.25`, `250m` and `0.250` are all `250m`; `1024Mi` is `1Gi`; `1000` is
+/// `1k`. Whole amounts take the largest binary suffix that divides them
+/// exactly, else the largest decimal one; fractions are written in `m`,
+/// `u` or `n`. Text that is not a quantity (or too large to count) comes
+/// back as it is.
+pub fn canonical_quantity(s: &str) -> String {
+    const NANOS: i128 = 1_000_000_000;
+    let Some(nanos) = quantity_nanos(s).filter(|n| *n != i128::MAX) else {
+        return s.to_string();
+    };
+    if nanos % NANOS != 0 {
+        for (suffix, per) in [("m", 1_000_000), ("u", 1_000), ("n", 1)] {
+            if nanos % per == 0 {
+                return format!("{}{suffix}", nanos / per);
+            }
+        }
+    }
+    let whole = nanos / NANOS;
+    if whole == 0 {
+        return "0".into();
+    }
+    for (suffix, shift) in [("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)]
+    {
+        if whole % (1i128 << shift) == 0 {
+            return format!("{}{suffix}", whole >> shift);
+        }
+    }
+    for (suffix, exponent) in [("E", 18), ("P", 15), ("T", 12), ("G", 9), ("M", 6), ("k", 3)] {
+        let per = 10i128.pow(exponent);
+        if whole % per == 0 {
+            return format!("{}{suffix}", whole / per);
+        }
+    }
+    whole.to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_quantity_has_one_canonical_spelling_per_amount() {
+        for (written, canonical) in [
+            ("0.25", "250m"),
+            ("250m", "250m"),
+            ("0.250", "250m"),
+            ("1", "1"),
+            ("1000m", "1"),
+            ("1.5", "1500m"),
+            ("1024Mi", "1Gi"),
+            ("1Gi", "1Gi"),
+            ("1.5Gi", "1536Mi"),
+            ("1000", "1k"),
+            ("1e3", "1k"),
+            ("128974848", "123Mi"),
+            ("0", "0"),
+            ("100u", "100u"),
+            ("not a quantity", "not a quantity"),
+        ] {
+            assert_eq!(canonical_quantity(written), canonical, "{written}");
+            let again = canonical_quantity(canonical);
+            assert_eq!(again, canonical, "idempotent for {written}");
+            assert_eq!(
+                quantity_nanos(canonical),
+                quantity_nanos(written),
+                "same amount: {written}"
+            );
+        }
+    }
 
     #[test]
     fn labels_and_subdomains() {

@@ -1,10 +1,12 @@
 //! Render (pure): a Gateway becomes the Kubernetes objects that run it.
 //!
 //! ServiceAccount, ConfigMap (spec.config plus gantry's own settings under
-//! `gantry.json`), Deployment (gateway and supervisor containers), Service,
+//! `gantry.json`; immutable, named after its content), Deployment (gateway and supervisor containers), Service,
 //! Ingress when a route is set, PodDisruptionBudget when replicas > 1. Every
 //! object carries the common labels; the pod template carries the
-//! fingerprint of all rendered inputs, so any change rolls the pods.
+//! fingerprint of what the pods consume (their template and the ConfigMap
+//! they mount), so exactly a change of those rolls the pods. Quantities are
+//! rendered in one spelling per amount.
 //!
 //! The pod is meant to pass a production review: both containers have
 //! requests and limits (defaults from the reconciler's flags, the gateway's
@@ -31,7 +33,9 @@ pub const LABEL_GATEWAY_UID: &str = "gantry.dev/gateway-uid";
 /// Standard label marking gantry's objects.
 pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const MANAGED_BY: &str = "gantry";
-/// Annotation with the fingerprint of the rendered inputs.
+/// Pod template annotation with the fingerprint of what the pods consume
+/// (the pod template and the ConfigMap it mounts): it changes, and the
+/// pods roll, exactly when one of those does.
 pub const ANNOTATION_FINGERPRINT: &str = "gantry.dev/fingerprint";
 /// ConfigMap key holding gantry's settings for the gateway.
 pub const SETTINGS_KEY: &str = "gantry.json";
@@ -150,8 +154,15 @@ impl Resources {
         out
     }
 
+    /// As rendered: every quantity in its one spelling, so `0.25` and
+    /// `250m` render (and roll) the same.
     fn to_json(&self) -> Value {
-        json!({"requests": self.requests, "limits": self.limits})
+        let canonical = |m: &std::collections::BTreeMap<String, String>| -> Map<String, Value> {
+            m.iter()
+                .map(|(k, v)| (k.clone(), json!(gantry_core::syntax::canonical_quantity(v))))
+                .collect()
+        };
+        json!({"requests": canonical(&self.requests), "limits": canonical(&self.limits)})
     }
 }
 
@@ -246,6 +257,9 @@ fn metadata(object: &str, gateway: &str, uid: &str, namespace: &str) -> Value {
     })
 }
 
+/// What the gateway reads from `gantry.json`. Only what the pods consume:
+/// the route's host is the Ingress's business (a new host rolls no pod);
+/// its TLS Secret is mounted, and the document says where.
 fn settings_document(spec: &GatewaySpec) -> String {
     let oidc = spec.oidc.as_ref().map(
         |o| json!({"issuerUrl": o.issuer_url, "clientId": o.client_id, "audiences": o.audiences}),
@@ -254,7 +268,6 @@ fn settings_document(spec: &GatewaySpec) -> String {
         "serverDnsNames": spec.server_dns_names,
         "oidc": oidc,
         "credentialDriver": spec.credential_driver,
-        "route": spec.route.as_ref().map(|r| json!({"host": r.host, "tlsSecretName": r.tls_secret_name})),
         "tls": tls_secret(spec).map(|_| json!({
             "certFile": format!("{TLS_DIR}/tls.crt"),
             "keyFile": format!("{TLS_DIR}/tls.key"),
@@ -298,6 +311,14 @@ impl Names<'_> {
     }
 }
 
+/// The name of the ConfigMap holding `data`: `<name>-<10 hex digits of
+/// its hash>`.
+pub fn config_map_name(name: &str, data: &Map<String, Value>) -> String {
+    let bytes = serde_json::to_vec(data).unwrap_or_default();
+    let hash = fingerprint(&bytes);
+    format!("{name}-{}", &hash[..hash.len().min(10)])
+}
+
 /// Renders the objects of `gateway`.
 pub fn render(gateway: &Gateway, settings: &RenderSettings) -> Rendered {
     let gateway_name = gateway.metadata.as_ref().map_or("", |m| m.name.as_str());
@@ -316,10 +337,15 @@ pub fn render(gateway: &Gateway, settings: &RenderSettings) -> Rendered {
     let mut data: Map<String, Value> =
         spec.config.iter().map(|(k, v)| (k.clone(), json!(v))).collect();
     data.insert(SETTINGS_KEY.into(), json!(settings_document(spec)));
+    // Content-addressed, as kustomize's configMapGenerator: a new config is
+    // a new ConfigMap, so pods of the previous rollout keep reading theirs.
+    let config_name = config_map_name(&object_name, &data);
+    let mut config = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": names.metadata(), "immutable": true, "data": data});
+    config["metadata"]["name"] = json!(config_name);
 
     let mut manifests = vec![
         json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": names.metadata(), "automountServiceAccountToken": false}),
-        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": names.metadata(), "data": data}),
+        config,
         json!({
             "apiVersion": "v1", "kind": "Service", "metadata": names.metadata(),
             "spec": {
@@ -331,7 +357,7 @@ pub fn render(gateway: &Gateway, settings: &RenderSettings) -> Rendered {
     ];
     let (key, value) = SERVICE_BACKEND_HTTPS;
     manifests[2]["metadata"]["annotations"][key] = json!(value);
-    manifests.push(deployment(&names, spec, settings));
+    manifests.push(deployment(&names, &config_name, spec, settings));
     manifests.extend(ingress(&names, spec, settings));
     if spec.replicas.is_some_and(|r| r > 1) {
         manifests.push(json!({
@@ -343,22 +369,31 @@ pub fn render(gateway: &Gateway, settings: &RenderSettings) -> Rendered {
     Rendered { objects: manifests.into_iter().map(Manifest::of).collect(), fingerprint }
 }
 
-/// The fingerprint of every rendered object, written on the Deployment's
-/// pod template.
+/// The fingerprint of every rendered object (what status records as
+/// applied); the pod template carries the fingerprint of what the pods
+/// consume only: the pod template itself (its image, resources, Secret
+/// names) and the ConfigMap it mounts. A change of the Service, the
+/// Ingress, the PodDisruptionBudget or of how gantry renders those rolls
+/// no pod.
 fn stamp_fingerprint(manifests: &mut [Value]) -> String {
     let mut bytes = Vec::with_capacity(8 * 1024);
     for m in manifests.iter() {
         // Writing a Value to a Vec cannot fail.
         let _ = serde_json::to_writer(&mut bytes, m);
     }
-    let fingerprint = fingerprint(&bytes);
-    for m in manifests.iter_mut() {
-        if m["kind"] == "Deployment" {
-            m["spec"]["template"]["metadata"]["annotations"] =
-                json!({ANNOTATION_FINGERPRINT: fingerprint});
-        }
+    let everything = fingerprint(&bytes);
+    let mut pod_inputs = Vec::with_capacity(8 * 1024);
+    for m in manifests.iter().filter(|m| m["kind"] == "Deployment") {
+        let _ = serde_json::to_writer(&mut pod_inputs, &m["spec"]["template"]);
     }
-    fingerprint
+    for m in manifests.iter().filter(|m| m["kind"] == "ConfigMap") {
+        let _ = serde_json::to_writer(&mut pod_inputs, &m["data"]);
+    }
+    let pods = fingerprint(&pod_inputs);
+    for m in manifests.iter_mut().filter(|m| m["kind"] == "Deployment") {
+        m["spec"]["template"]["metadata"]["annotations"] = json!({ANNOTATION_FINGERPRINT: pods});
+    }
+    everything
 }
 
 /// The Ingress of the gateway's route, if it has a host.
@@ -385,7 +420,12 @@ fn ingress(names: &Names<'_>, spec: &GatewaySpec, settings: &RenderSettings) -> 
 }
 
 /// The Deployment: the gateway container and its supervisor sidecar.
-fn deployment(names: &Names<'_>, spec: &GatewaySpec, settings: &RenderSettings) -> Value {
+fn deployment(
+    names: &Names<'_>,
+    config_name: &str,
+    spec: &GatewaySpec,
+    settings: &RenderSettings,
+) -> Value {
     let name = names.name;
     let selector = &names.selector;
     let supervisor_image = if spec.supervisor_image.is_empty() {
@@ -400,7 +440,7 @@ fn deployment(names: &Names<'_>, spec: &GatewaySpec, settings: &RenderSettings) 
         json!({"name": "tmp", "mountPath": "/tmp"}),
     ];
     let mut volumes = vec![
-        json!({"name": "config", "configMap": {"name": name}}),
+        json!({"name": "config", "configMap": {"name": config_name}}),
         json!({"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE_LIMIT}}),
     ];
     if let Some(secret) = tls_secret(spec) {
@@ -695,17 +735,81 @@ mod tests {
     }
 
     #[test]
-    fn every_object_carries_the_labels_and_the_pods_the_fingerprint() {
+    fn every_object_carries_the_labels_and_the_pods_the_fingerprint_of_their_inputs() {
         let r = render(&gateway(full()), &RenderSettings::default());
         for m in r.objects.iter().map(|m| &m.body) {
             assert_eq!(m["metadata"]["labels"][LABEL_GATEWAY], "edge");
             assert_eq!(m["metadata"]["labels"][LABEL_MANAGED_BY], "gantry");
         }
-        let deployment = &r.get("Deployment").unwrap().body;
-        assert_eq!(
-            deployment["spec"]["template"]["metadata"]["annotations"][ANNOTATION_FINGERPRINT],
-            r.fingerprint.as_str()
-        );
+        assert!(pod_fingerprint(&r).is_some_and(|f| f.len() == 16), "{:?}", pod_fingerprint(&r));
+    }
+
+    fn pod_fingerprint(r: &Rendered) -> Option<String> {
+        let deployment = &r.get("Deployment")?.body;
+        let annotations = &deployment["spec"]["template"]["metadata"]["annotations"];
+        annotations[ANNOTATION_FINGERPRINT].as_str().map(str::to_string)
+    }
+
+    type Change = fn(&mut GatewaySpec);
+
+    #[test]
+    fn pods_roll_for_what_they_consume_and_nothing_else() {
+        let settings = RenderSettings::default();
+        let base = render(&gateway(full()), &settings);
+        let pods = pod_fingerprint(&base);
+        // Not consumed by the pods: the same template, no new ReplicaSet.
+        let untouched: Vec<(&str, Change)> = vec![
+            ("the route's host", |s| s.route.as_mut().unwrap().host = "api.example.com".into()),
+            ("replicas (and the PDB)", |s| s.replicas = Some(5)),
+            ("a quantity respelled", |s| {
+                s.resources.as_mut().unwrap().requests.insert("cpu".into(), "0.25".into());
+            }),
+        ];
+        for (what, change) in untouched {
+            let mut spec = full();
+            change(&mut spec);
+            assert_eq!(pod_fingerprint(&render(&gateway(spec), &settings)), pods, "{what}");
+        }
+        let other_class = RenderSettings { ingress_class: "traefik".into(), ..settings.clone() };
+        assert_eq!(pod_fingerprint(&render(&gateway(full()), &other_class)), pods, "the class");
+        // Consumed: a new template.
+        let rolled: Vec<(&str, Change)> = vec![
+            ("the config", |s| {
+                s.config.insert("k".into(), "v".into());
+            }),
+            ("the image", |s| s.image = "other:1".into()),
+            ("the TLS Secret's name", |s| s.route.as_mut().unwrap().tls_secret_name = "x".into()),
+            ("a resource amount", |s| {
+                s.resources.as_mut().unwrap().requests.insert("cpu".into(), "300m".into());
+            }),
+            ("the OIDC settings", |s| s.oidc = None),
+        ];
+        for (what, change) in rolled {
+            let mut spec = full();
+            change(&mut spec);
+            assert_ne!(pod_fingerprint(&render(&gateway(spec), &settings)), pods, "{what}");
+        }
+        // A respelled quantity renders the very same objects.
+        let mut respelled = full();
+        respelled.resources.as_mut().unwrap().requests.insert("cpu".into(), "0.25".into());
+        assert_eq!(render(&gateway(respelled), &settings), base);
+    }
+
+    #[test]
+    fn the_config_map_is_named_after_its_content_and_immutable() {
+        let settings = RenderSettings::default();
+        let r = render(&gateway(full()), &settings);
+        let config = &r.get("ConfigMap").unwrap();
+        assert!(config.name.starts_with("edge-") && config.name.len() == "edge-".len() + 10);
+        assert_eq!(config.body["immutable"], true);
+        let pod = &r.get("Deployment").unwrap().body["spec"]["template"]["spec"];
+        assert_eq!(pod["volumes"][0]["configMap"]["name"], config.name.as_str());
+        let mut spec = full();
+        spec.config.insert("k".into(), "v".into());
+        let changed = render(&gateway(spec), &settings);
+        assert_ne!(changed.get("ConfigMap").unwrap().name, config.name);
+        let again = render(&gateway(full()), &settings);
+        assert_eq!(again.get("ConfigMap").unwrap().name, config.name, "stable");
     }
 
     #[test]
@@ -713,13 +817,20 @@ mod tests {
         let settings = RenderSettings { name_prefix: "gw-".into(), ..RenderSettings::default() };
         let r = render(&gateway(full()), &settings);
         for m in r.objects.iter().map(|m| &m.body) {
-            assert_eq!(m["metadata"]["name"], "gw-edge", "{}", m["kind"]);
+            let name = m["metadata"]["name"].as_str().unwrap();
+            if m["kind"] == "ConfigMap" {
+                assert!(name.starts_with("gw-edge-"), "{name}");
+            } else {
+                assert_eq!(name, "gw-edge", "{}", m["kind"]);
+            }
             assert_eq!(m["metadata"]["labels"][LABEL_GATEWAY], "edge");
         }
         let deployment = &r.get("Deployment").unwrap().body;
         let pod = &deployment["spec"]["template"]["spec"];
         assert_eq!(pod["serviceAccountName"], "gw-edge");
-        assert_eq!(pod["volumes"][0]["configMap"]["name"], "gw-edge");
+        let config = &r.get("ConfigMap").unwrap().name;
+        assert!(config.starts_with("gw-edge-"), "{config}");
+        assert_eq!(pod["volumes"][0]["configMap"]["name"], config.as_str());
         let ingress = &r.get("Ingress").unwrap().body;
         let backend = &ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"];
         assert_eq!(backend["name"], "gw-edge");

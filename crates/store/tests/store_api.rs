@@ -1019,7 +1019,37 @@ async fn dry_runs_racing_real_writes_spend_nothing(store: &TestStore) {
     assert_eq!(stored, expected, "every gateway as the real writer left it, nothing of a dry run");
 }
 
+/// `0.25` and `250m` are one amount: respelling a quantity is no new
+/// generation and spends no revision, and the stored spec keeps what the
+/// user wrote first; another amount is a new generation.
+async fn a_respelled_quantity_keeps_generation_and_what_was_written(store: &TestStore) {
+    let mut c = store.client(EDITOR).await;
+    let with_cpu = |cpu: &str| {
+        let mut g = gateway("edge", "gw:1");
+        g.spec.as_mut().unwrap().resources = Some(gantry_api::v1::ResourceRequirements {
+            requests: [("cpu".to_string(), cpu.to_string())].into(),
+            limits: [("memory".to_string(), "1Gi".to_string())].into(),
+        });
+        g
+    };
+    let created = create(&mut c, with_cpu("0.25")).await;
+    let mut respelled = with_cpu("250m");
+    respelled.spec.as_mut().unwrap().resources.as_mut().unwrap().limits =
+        [("memory".to_string(), "1024Mi".to_string())].into();
+    let same = update(&mut c, respelled, &["spec"]).await.unwrap();
+    assert_eq!(meta(&same).generation, 1);
+    assert_eq!(meta(&same).resource_version, meta(&created).resource_version, "no write");
+    let stored = get(&mut c, "edge").await.unwrap().spec.unwrap().resources.unwrap();
+    assert_eq!(
+        (stored.requests["cpu"].as_str(), stored.limits["memory"].as_str()),
+        ("0.25", "1Gi")
+    );
+    let more = update(&mut c, with_cpu("0.3"), &["spec"]).await.unwrap();
+    assert_eq!(meta(&more).generation, 2);
+}
+
 on_both_backends!(
+    a_respelled_quantity_keeps_generation_and_what_was_written,
     validate_only_runs_every_rule_and_stores_nothing,
     dry_runs_racing_real_writes_spend_nothing,
     the_failure_record_round_trips_through_the_store,

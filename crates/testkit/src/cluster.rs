@@ -195,6 +195,21 @@ impl ClusterRig {
             .collect()
     }
 
+    /// The one ConfigMap of `gateway` (content-addressed: its name is the
+    /// gateway's and a hash of its data).
+    pub fn config_map(&self, gateway: &str) -> Value {
+        let selector = format!("gantry.dev/gateway={gateway}");
+        let list = self.json(&["get", "configmaps", "-l", &selector]);
+        let items = list["items"].as_array().cloned().unwrap_or_default();
+        assert_eq!(items.len(), 1, "one ConfigMap of {gateway}: {items:?}");
+        items[0].clone()
+    }
+
+    /// The name of [`ClusterRig::config_map`].
+    pub fn config_map_name(&self, gateway: &str) -> String {
+        self.config_map(gateway)["metadata"]["name"].as_str().unwrap_or_default().to_string()
+    }
+
     /// The images of the namespace's pods that kwok made Ready.
     pub fn ready_pod_images(&self) -> Vec<String> {
         let pods = self.json(&["get", "pods"]);

@@ -374,6 +374,17 @@ impl Cache {
         }
     }
 
+    /// Whether the gateway `uid` has a cached object of `kind` that
+    /// `rendered` does not name (a content-addressed ConfigMap of an
+    /// earlier config).
+    pub(super) fn owns_unrendered(&self, uid: &str, kind: &str, rendered: &[Manifest]) -> bool {
+        self.owned.get(uid).is_some_and(|keys| {
+            keys.iter().any(|(k, name)| {
+                *k == kind && !rendered.iter().any(|m| m.kind == kind && m.name == **name)
+            })
+        })
+    }
+
     /// Whether the gateway `uid` has a cached object of a kind `rendered`
     /// does not hold.
     pub(super) fn owns_other_kinds(&self, uid: &str, rendered: &[Manifest]) -> bool {

@@ -24,6 +24,7 @@ mod cache;
 mod calls;
 mod drift;
 mod replace;
+mod retire;
 mod rollout;
 
 pub use calls::CALL_TIMEOUT;
@@ -41,7 +42,7 @@ use kube::Client;
 
 use self::cache::{key, track, Cache, Key, Live, Reading};
 use self::calls::{api_resource, bounded, delete_object, not_ours};
-use self::replace::Retiring;
+use self::retire::Retiring;
 use self::rollout::with_route;
 use super::{Owner, Target, TargetError};
 use crate::leader::Fence;
@@ -341,8 +342,8 @@ impl Target for KubeTarget {
                 drifted: true,
             });
         };
-        // A replaced Deployment's old pods retire in an apply pass.
-        drifted |= self.retirement_due(owner, &deployment);
+        // What an earlier rollout left retires in an apply pass.
+        drifted |= self.retirement_due(owner, rendered, &deployment);
         let deadline = self.settings.route_deadline;
         let workload = with_route(deployment, ingress, &route_address, route_waited, deadline);
         Ok(Observation { workload, route_address, drifted })
