@@ -401,7 +401,7 @@ async fn kube_fake_answers_as_the_real_api_server_does() {
     );
 }
 
-/// kube-fake's schemas (`crates/kube-fake/src/schema.json`) are those of
+/// kube-fake's schemas (`crates/k8s-schema/src/schema.json`) are those of
 /// the real API server of the pinned release; with
 /// `GANTRY_UPDATE_KUBE_SCHEMA=1` this test rewrites them.
 #[test]
@@ -422,14 +422,14 @@ fn kube_fake_schemas_are_the_real_api_servers() {
         documents
             .push(serde_json::from_str::<Value>(&plane.kubectl(&["get", "--raw", &path])).unwrap());
     }
-    let compact = gantry_kube_fake::schema::compact(&documents, &kinds);
+    let compact = gantry_k8s_schema::compact(&documents, &kinds);
     assert_eq!(
         compact["kinds"].as_object().unwrap().len(),
         kinds.len(),
         "every served kind has a schema"
     );
     let text = serde_json::to_string_pretty(&compact).unwrap() + "\n";
-    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/kube-fake/src/schema.json");
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crates/k8s-schema/src/schema.json");
     if std::env::var_os("GANTRY_UPDATE_KUBE_SCHEMA").is_some() {
         std::fs::write(&file, &text).unwrap();
     }

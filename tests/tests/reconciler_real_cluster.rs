@@ -378,7 +378,7 @@ async fn edits_by_others_are_repaired_and_metadata_only_changes_are_not_drift() 
     let before = generation(&rig);
     rig.kubectl(&["annotate", "deployment", "edge", "example.com/note=hello"]);
     assert_eq!(generation(&rig), before + 1, "the real server bumps the generation");
-    wait_passes(&rig, 2);
+    rig.wait_passes(2);
     assert_eq!(repairs(&rig), 0, "an annotation is not drift");
 
     // Someone else changes the image: repaired.
@@ -645,22 +645,6 @@ async fn a_gateway_named_like_the_control_plane_cannot_take_it_over() {
     assert!(touched.is_empty(), "the reconciler wrote to objects it does not own: {touched:?}");
 }
 
-/// Sum of the reconciler's passes (its `reconciles` counter).
-fn passes(rig: &Rig) -> u64 {
-    let metrics = gantry_testkit::http_get(rig.reconcilers[0].http, "/metrics").unwrap_or_default();
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("gantry_reconciler_reconciles_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
-}
-
-/// Waits for `n` more passes (resyncs when nothing else happens).
-fn wait_passes(rig: &Rig, n: u64) {
-    let start = passes(rig);
-    eventually_blocking(PATIENCE, "no resync happened", || passes(rig) >= start + n);
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_owned_kind_is_repaired_an_idle_fleet_costs_no_writes_and_scaling_is_not_fought() {
     let Some(mut rig) = Rig::start("drift-all") else { return };
@@ -672,9 +656,9 @@ async fn every_owned_kind_is_repaired_an_idle_fleet_costs_no_writes_and_scaling_
     rig.wait_running("auto", 1).await;
 
     // Idle and converged: resyncs and relists read, and write nothing.
-    wait_passes(&rig, 2);
+    rig.wait_passes(2);
     let before = writes(&rig.reconciler_requests()).len();
-    wait_passes(&rig, 6);
+    rig.wait_passes(6);
     let after = rig.reconciler_requests();
     let idle_writes: Vec<_> = writes(&after).into_iter().skip(before).collect();
     let summary: Vec<String> = idle_writes
@@ -697,7 +681,7 @@ async fn every_owned_kind_is_repaired_an_idle_fleet_costs_no_writes_and_scaling_
 
     // Replicas the spec leaves unset belong to whoever scales.
     rig.kubectl(&["scale", "deployment", "auto", "--replicas=3"]);
-    wait_passes(&rig, 6);
+    rig.wait_passes(6);
     let scaled = rig.json(&["get", "deployment", "auto"]);
     assert_eq!(scaled["spec"]["replicas"], 3, "the reconciler fought a scale: {scaled}");
 

@@ -2,8 +2,9 @@
 //! (tests/k8s): a store restored from a backup is converged on; a
 //! converged gateway whose repair keeps failing is FAILED at its own
 //! generation and recovers from it (the wedge the recovery policy exists
-//! for). Skips with one line when the binaries are absent, and fails
-//! instead under `CI=true`.
+//! for); drift is judged by server-side apply's merge rules. Skips with
+//! one line when the binaries are absent, and fails instead under
+//! `CI=true`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -317,4 +318,94 @@ async fn a_converged_gateway_whose_repair_fails_is_failed_at_its_generation_and_
     drop(freeze);
     rig.set_spec("edge", spec("2")).await;
     wait_recovered(&rig, 2, "ghcr.io/acme/gateway:2").await;
+}
+
+/// The supervisor's args as rendered.
+fn supervisor_args(rig: &ClusterRig) -> serde_json::Value {
+    let deployment = rig.json(&["get", "deployment", "edge"]);
+    deployment["spec"]["template"]["spec"]["containers"][1]["args"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drift_is_judged_by_the_merge_rules_of_server_side_apply() {
+    let Some(mut rig) = ClusterRig::start("merge-rules") else { return };
+    // A sync period far beyond the test: repairs come from the watches.
+    rig.reconciler(&["--sync-period", "10m"]);
+    rig.create_spec("edge", spec("1")).await;
+    rig.wait_running("edge", 1).await;
+    let args = supervisor_args(&rig);
+
+    // Another team adds what server-side apply keeps for them: a port and
+    // an env var in keyed lists of our container, an annotation we do not
+    // render.
+    let theirs = serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "edge", "namespace": rig.namespace, "annotations": {"team/owner": "payments"}},
+        "spec": {"template": {"spec": {"containers": [{
+            "name": "gateway",
+            "ports": [{"name": "metrics", "containerPort": 9090, "protocol": "TCP"}],
+            "env": [{"name": "TEAM_EXTRA", "value": "1"}],
+        }]}}},
+    });
+    rig.plane.kubectl_stdin(
+        &["apply", "--server-side", "--field-manager=team", "-f", "-"],
+        &theirs.to_string(),
+    );
+    // What we own whole or by key, changed by others: each repaired.
+    rig.kubectl(&[
+        "patch",
+        "service",
+        "edge",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"selector":{"app":"elsewhere"}}}"#,
+    ]);
+    eventually_blocking(PATIENCE, "the Service's selector repaired whole", || {
+        rig.json(&["get", "service", "edge"])["spec"]["selector"]
+            == serde_json::json!({"gantry.dev/gateway": "edge"})
+    });
+    rig.kubectl(&[
+        "patch",
+        "deployment",
+        "edge",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"add","path":"/spec/template/spec/containers/1/args/-","value":"--debug"}]"#,
+    ]);
+    eventually_blocking(PATIENCE, "the supervisor's args repaired whole", || {
+        supervisor_args(&rig) == args
+    });
+    rig.kubectl(&[
+        "patch",
+        "service",
+        "edge",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/ports/0/appProtocol","value":"http"}]"#,
+    ]);
+    eventually_blocking(PATIENCE, "the value inside our port entry repaired", || {
+        rig.json(&["get", "service", "edge"])["spec"]["ports"][0]["appProtocol"] == "https"
+    });
+    rig.wait_running("edge", 1).await;
+
+    // The team's additions stayed through every repair, and a pass after
+    // them found nothing to do.
+    let applies = |rig: &ClusterRig| rig.reconcilers[0].logs().matches("manifests applied").count();
+    let before = applies(&rig);
+    let passes = rig.passes();
+    rig.kubectl(&["annotate", "service", "edge", "team/owner=payments"]);
+    rig.wait_passes_after(passes, 1);
+    assert_eq!(applies(&rig), before, "an annotation of another writer was fought");
+    let deployment = rig.json(&["get", "deployment", "edge"]);
+    let gateway = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let ports: Vec<_> =
+        gateway["ports"].as_array().unwrap().iter().map(|p| p["name"].clone()).collect();
+    assert!(ports.contains(&serde_json::json!("metrics")), "{ports:?}");
+    assert!(gateway["env"].as_array().unwrap().iter().any(|e| e["name"] == "TEAM_EXTRA"));
+    assert_eq!(deployment["metadata"]["annotations"]["team/owner"], "payments");
+    let service = rig.json(&["get", "service", "edge"]);
+    assert_eq!(service["metadata"]["annotations"]["team/owner"], "payments");
 }

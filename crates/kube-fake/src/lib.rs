@@ -27,7 +27,7 @@ mod prepare;
 pub mod protobuf;
 pub mod resources;
 mod rollout;
-pub mod schema;
+pub use gantry_k8s_schema as schema;
 pub mod server;
 pub mod ssa;
 pub mod state;

@@ -195,6 +195,28 @@ impl ClusterRig {
             .collect()
     }
 
+    /// Sum of the first reconciler's passes (its `reconciles` counter).
+    pub fn passes(&self) -> u64 {
+        let metrics =
+            crate::http::http_get(self.reconcilers[0].http, "/metrics").unwrap_or_default();
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("gantry_reconciler_reconciles_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    }
+
+    /// Waits for `n` more passes of the first reconciler.
+    pub fn wait_passes(&self, n: u64) {
+        self.wait_passes_after(self.passes(), n);
+    }
+
+    /// Waits until the first reconciler made `n` passes after its count
+    /// was `start` (read it before the event that causes them).
+    pub fn wait_passes_after(&self, start: u64, n: u64) {
+        eventually_blocking(PATIENCE, &format!("{n} more passes"), || self.passes() >= start + n);
+    }
+
     /// The one ConfigMap of `gateway` (content-addressed: its name is the
     /// gateway's and a hash of its data).
     pub fn config_map(&self, gateway: &str) -> Value {

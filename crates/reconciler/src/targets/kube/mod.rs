@@ -9,10 +9,12 @@
 //! - **Drift**: an informer-style cache of every owned kind (watches
 //!   relisted from the cluster every resync period, spread over it) holds
 //!   the live objects; an object is drifted when a field gantry renders has
-//!   another value live (values compared semantically: quantities by amount,
-//!   list items by name). A converged gateway costs no cluster request at
-//!   all, and fields gantry does not render (such as `replicas` when the
-//!   spec leaves it to an autoscaler) are never fought.
+//!   another value live, judged by server-side apply's merge rules (the
+//!   API server's schemas: atomic maps and lists whole, keyed lists by key,
+//!   quantities by amount; see `drift`). A converged gateway costs no
+//!   cluster request at all, and fields gantry does not render (such as
+//!   `replicas` when the spec leaves it to an autoscaler) or that others add
+//!   where server-side apply keeps them are never fought.
 //! - **Observe**: the rollout from the cached Deployment (as `kubectl
 //!   rollout status`); the route from the cached Ingress' load-balancer
 //!   address, with its own deadline.
@@ -28,7 +30,6 @@ mod retire;
 mod rollout;
 
 pub use calls::CALL_TIMEOUT;
-pub use drift::{covers, difference};
 pub use rollout::rollout;
 
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -1,7 +1,8 @@
-//! The Kubernetes schemas of the types kube-fake serves, as server-side
-//! apply needs them: which fields exist, which lists are atomic, sets or
-//! maps (and by which keys), which maps and structs are atomic, and the
-//! defaults of list-map keys.
+//! The Kubernetes schemas of the kinds gantry renders and kube-fake serves,
+//! as server-side apply needs them: which fields exist, which lists are
+//! atomic, sets or maps (and by which keys), which maps and structs are
+//! atomic, and the defaults of list-map keys. kube-fake merges applies by
+//! them; gateway-reconciler's drift judge compares by them.
 //!
 //! `schema.json` is [`compact`]ed from the real API server's OpenAPI v3
 //! documents of the pinned Kubernetes release; the differential test in
@@ -14,6 +15,8 @@
 //! (scalar), `"x"` (anything, kept whole), `{"ref": TYPE}`, `{"list":
 //! NODE, "type": "atomic"|"set"|"map", "keys": [...]}` or `{"map": NODE,
 //! "atomic": bool}`.
+
+#![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -78,7 +81,7 @@ pub enum Shape<'a> {
 static UNTYPED: Node = Node::Untyped;
 
 impl Schema {
-    /// The schemas compiled into kube-fake.
+    /// The schemas compiled in.
     pub fn get() -> &'static Schema {
         static SCHEMA: OnceLock<Schema> = OnceLock::new();
         SCHEMA.get_or_init(|| {
