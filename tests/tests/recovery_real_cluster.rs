@@ -2,9 +2,9 @@
 //! (tests/k8s): a store restored from a backup is converged on; a
 //! converged gateway whose repair keeps failing is FAILED at its own
 //! generation and recovers from it (the wedge the recovery policy exists
-//! for); drift is judged by server-side apply's merge rules. Skips with
-//! one line when the binaries are absent, and fails instead under
-//! `CI=true`.
+//! for); drift is judged by server-side apply's merge rules; a drift every
+//! repair leaves in place is reported and then left alone. Skips with one
+//! line when the binaries are absent, and fails instead under `CI=true`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -408,4 +408,129 @@ async fn drift_is_judged_by_the_merge_rules_of_server_side_apply() {
     assert_eq!(deployment["metadata"]["annotations"]["team/owner"], "payments");
     let service = rig.json(&["get", "service", "edge"]);
     assert_eq!(service["metadata"]["annotations"]["team/owner"], "payments");
+}
+
+/// What a mutating admission pins the gateway's image to, on every write
+/// of a Deployment (as webhooks that pin digests do).
+const PINNED: &str = "ghcr.io/acme/gateway:1@sha256:0000000000000000000000000000000000000000000000000000000000000001";
+
+/// A MutatingAdmissionPolicy (the API server's own mutating admission,
+/// GA in Kubernetes 1.36) rewriting the first container's image of every
+/// Deployment written in the rig's namespace; removed when dropped.
+struct Pinning {
+    plane: &'static ControlPlane,
+    name: String,
+}
+
+impl Pinning {
+    fn install(rig: &ClusterRig) -> Pinning {
+        let name = format!("pin-{}", rig.namespace);
+        let policy = serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingAdmissionPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "reinvocationPolicy": "Never",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": ["apps"], "apiVersions": ["v1"],
+                    "operations": ["CREATE", "UPDATE"], "resources": ["deployments"],
+                }]},
+                "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": format!(
+                    "[JSONPatch{{op: \"replace\", path: \"/spec/template/spec/containers/0/image\", value: \"{PINNED}\"}}]"
+                )}}],
+            },
+        });
+        let binding = serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingAdmissionPolicyBinding",
+            "metadata": {"name": name},
+            "spec": {"policyName": name, "matchResources": {"namespaceSelector": {"matchLabels": {
+                "kubernetes.io/metadata.name": rig.namespace,
+            }}}},
+        });
+        let list =
+            serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [policy, binding]});
+        rig.plane.kubectl_stdin(&["apply", "-f", "-"], &list.to_string());
+        let probe = serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "probe", "namespace": rig.namespace},
+            "spec": {"selector": {"matchLabels": {"app": "probe"}}, "template": {
+                "metadata": {"labels": {"app": "probe"}},
+                "spec": {"containers": [{"name": "c", "image": "probe:1"}]}}},
+        });
+        eventually_blocking(PATIENCE, "the pinning enforced", || {
+            let out = rig.plane.kubectl_stdin(
+                &["create", "--dry-run=server", "-o", "json", "-f", "-"],
+                &probe.to_string(),
+            );
+            String::from_utf8_lossy(&out.stdout).contains(PINNED)
+        });
+        Pinning { plane: rig.plane, name }
+    }
+}
+
+impl Drop for Pinning {
+    fn drop(&mut self) {
+        let policy = format!("mutatingadmissionpolicy/{}", self.name);
+        let binding = format!("mutatingadmissionpolicybinding/{}", self.name);
+        self.plane.kubectl(&["delete", &policy, &binding, "--ignore-not-found"]);
+    }
+}
+
+/// The reconciler's writes in the rig's namespace so far.
+fn writes(rig: &ClusterRig) -> usize {
+    rig.reconciler_requests()
+        .iter()
+        .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch" | "delete")))
+        .count()
+}
+
+async fn wait_drift_persists(rig: &ClusterRig, generation: i64) -> Gateway {
+    rig.wait_for("edge", "the drift reported as persisting", |g| {
+        g.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.reason == "DriftPersists" && c.observed_generation == generation)
+        })
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drift_every_repair_leaves_is_reported_and_then_costs_no_write() {
+    let Some(mut rig) = ClusterRig::start("sticky") else { return };
+    let _pinning = Pinning::install(&rig);
+    rig.reconciler(&["--sync-period", "3s"]);
+    rig.create_spec("edge", spec("1")).await;
+
+    let g = wait_drift_persists(&rig, 1).await;
+    let status = g.status.unwrap();
+    let drifted = status.conditions.iter().find(|c| c.r#type == "Drifted").unwrap();
+    assert!(
+        drifted
+            .message
+            .starts_with("Deployment edge: .spec.template.spec.containers[gateway].image"),
+        "{}",
+        drifted.message
+    );
+    assert_eq!(deployed_image(&rig, "edge"), PINNED);
+    // The workload is fine: Ready, RUNNING.
+    let g = rig.wait_running("edge", 1).await;
+    let ready = g.status.unwrap().conditions.into_iter().find(|c| c.r#type == "Ready").unwrap();
+    assert_eq!(ready.status(), gantry_api::v1::ConditionStatus::True);
+
+    // Two more sync periods (each pass counted): not one write.
+    let before = writes(&rig);
+    let passes = rig.passes();
+    rig.wait_passes_after(passes, 2);
+    assert_eq!(writes(&rig), before, "a persisting drift was written again");
+    let repairs = rig.reconcilers[0].logs().matches("owned objects drifted; repairing").count();
+    assert_eq!(repairs, 3, "the repair budget");
+
+    // A spec change is applied, and the drift is judged afresh.
+    rig.set_spec("edge", spec("2")).await;
+    wait_drift_persists(&rig, 2).await;
+    let repairs = rig.reconcilers[0].logs().matches("owned objects drifted; repairing").count();
+    assert_eq!(repairs, 6, "a fresh budget for the new generation");
 }

@@ -27,8 +27,35 @@ pub enum Workload {
 pub struct Observation {
     pub workload: Workload,
     pub route_address: String,
+    /// What is missing or was changed out of band (`None`: nothing), as
+    /// "Deployment edge: .spec.template.spec.containers[gateway].image".
+    pub drift: Option<String>,
+}
+
+impl Observation {
     /// An owned object is missing or was changed out of band.
-    pub drifted: bool,
+    pub fn drifted(&self) -> bool {
+        self.drift.is_some()
+    }
+}
+
+/// Condition type and reason of a drift that every repair leaves in place.
+pub const DRIFTED: &str = "Drifted";
+pub const DRIFT_PERSISTS: &str = "DriftPersists";
+
+/// `status` with the condition saying that `drift` came back after each of
+/// `repairs` repairs and is no longer repaired (Ready is left as it is).
+pub fn with_drift_persisting(
+    mut status: GatewayStatus,
+    drift: &str,
+    repairs: u32,
+    generation: i64,
+) -> GatewayStatus {
+    let message = format!(
+        "{drift}: still changed after {repairs} repairs (another writer, such as a mutating admission webhook or policy, sets it on every apply); not repaired again until the spec changes or `gatewayctl retry`"
+    );
+    status.conditions.push(condition(DRIFTED, true, DRIFT_PERSISTS, &message, generation));
+    status
 }
 
 /// Status fields the reconciler writes (every `status.*` path).
@@ -224,7 +251,7 @@ mod tests {
     use super::*;
 
     fn observation(workload: Workload) -> Observation {
-        Observation { workload, route_address: String::new(), drifted: false }
+        Observation { workload, route_address: String::new(), drift: None }
     }
 
     #[test]

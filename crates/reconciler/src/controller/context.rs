@@ -13,6 +13,7 @@ use prost_types::Timestamp;
 use tokio::time::Instant;
 
 use super::action::ReconcileError;
+use super::plan::DriftRecord;
 use super::state::{name_of, rv_of, State};
 use super::{Settings, STORE_TIMEOUT, TARGET_TIMEOUT};
 use crate::render::Rendered;
@@ -96,6 +97,27 @@ impl Context {
         let resumed = self.settings.policy.resume(recorded, self.now_ms(), fastrand::f64());
         self.keep_record(name, Some(resumed.clone()));
         Some(resumed)
+    }
+
+    /// The repairs of a drift that came back, held for `name`.
+    pub(super) fn drift_record(&self, name: &str) -> Option<DriftRecord> {
+        self.state.with_entry(name, |e| e.drift.clone()).flatten()
+    }
+
+    /// Counts a repair of `drift` at `inputs`: one more of the same drift,
+    /// else the first of another.
+    pub(super) fn note_repair(&self, name: &str, inputs: &Inputs, drift: String) {
+        self.state.with_entry(name, |e| match &mut e.drift {
+            Some(r) if r.inputs == *inputs && r.drift == drift => {
+                r.repairs = r.repairs.saturating_add(1);
+            }
+            held => *held = Some(DriftRecord { inputs: inputs.clone(), drift, repairs: 1 }),
+        });
+    }
+
+    /// Nothing drifted: the count starts over.
+    pub(super) fn forget_drift(&self, name: &str) {
+        self.state.with_entry(name, |e| e.drift = None);
     }
 
     /// Holds `record` for `name` (`None`: none).

@@ -23,12 +23,28 @@ pub struct Facts<'a> {
     pub inputs: &'a Inputs,
     /// Failures recorded for these inputs (this process's or the status's).
     pub record: Option<&'a Attempts>,
+    /// Repairs of a drift that came back (this process's).
+    pub drift: Option<&'a DriftRecord>,
     pub policy: &'a RecoveryPolicy,
     /// How soon a moving rollout is looked at again.
     pub poll_interval: Duration,
     /// Unix milliseconds.
     pub now_ms: u64,
 }
+
+/// Repairs of one drift at one set of inputs: a drift that is back after
+/// [`DRIFT_REPAIRS`] repairs is reported, not repaired again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DriftRecord {
+    pub inputs: Inputs,
+    /// What drifted ([`Observation::drift`]).
+    pub drift: String,
+    pub repairs: u32,
+}
+
+/// Repairs of the same drift at the same inputs before it is reported as
+/// persisting (another writer sets it on every apply) and left alone.
+pub const DRIFT_REPAIRS: u32 = 3;
 
 /// What a pass does next.
 // One short-lived value per pass: boxing the report would buy nothing.
@@ -61,6 +77,14 @@ impl Facts<'_> {
         self.gateway.metadata.as_ref().map_or(0, |m| m.generation)
     }
 
+    /// `drift` came back after every one of [`DRIFT_REPAIRS`] repairs of
+    /// these inputs.
+    fn drift_persists(&self, drift: &str) -> Option<u32> {
+        self.drift
+            .filter(|r| r.inputs == *self.inputs && r.drift == drift && r.repairs >= DRIFT_REPAIRS)
+            .map(|r| r.repairs)
+    }
+
     /// The status already shows these inputs applied, with no failure held.
     fn shows_applied(&self) -> bool {
         let current = self.current();
@@ -75,9 +99,13 @@ impl Facts<'_> {
 /// [`Plan::Observe`] asked for it.
 pub fn plan(facts: &Facts<'_>, observation: Option<&Observation>) -> Plan {
     if facts.shows_applied() {
-        match observation {
+        match observation.map(|o| (o, o.drift.as_deref())) {
             None => return Plan::Observe,
-            Some(o) if !o.drifted => return Plan::Report(report(facts, o, Outcome::Observed)),
+            Some((o, None)) => return Plan::Report(report(facts, o, Outcome::Observed)),
+            // A drift every repair left in place: reported, not repaired.
+            Some((o, Some(d))) if facts.drift_persists(d).is_some() => {
+                return Plan::Report(report(facts, o, Outcome::Observed));
+            }
             // Drifted: repaired as a change would be.
             Some(_) => {}
         }
@@ -102,7 +130,7 @@ pub fn applied(facts: &Facts<'_>, observation: Result<Observation, String>) -> R
     let observation = observation.unwrap_or_else(|e| Observation {
         workload: Workload::Progressing { message: format!("cannot observe yet: {e}") },
         route_address: String::new(),
-        drifted: false,
+        drift: None,
     });
     report(facts, &observation, Outcome::Applied)
 }
@@ -123,8 +151,14 @@ pub fn failed(facts: &Facts<'_>, error: &str, random: f64) -> (Attempts, Report)
 /// rollout is looked at again after the poll interval.
 fn report(facts: &Facts<'_>, observation: &Observation, outcome: Outcome) -> Report {
     let has_route = facts.rendered.get("Ingress").is_some();
-    let desired =
-        status::applied(facts.generation(), &facts.rendered.fingerprint, observation, has_route);
+    let generation = facts.generation();
+    let mut desired =
+        status::applied(generation, &facts.rendered.fingerprint, observation, has_route);
+    if let Some((drift, repairs)) =
+        observation.drift.as_deref().and_then(|d| Some((d, facts.drift_persists(d)?)))
+    {
+        desired = status::with_drift_persisting(desired, drift, repairs, generation);
+    }
     let moving =
         matches!(observation.workload, Workload::Progressing { .. } | Workload::Stalled { .. });
     let changed = status::differs(&facts.current(), &desired);
@@ -163,6 +197,7 @@ mod tests {
         rendered: Rendered,
         inputs: Inputs,
         record: Option<Attempts>,
+        drift: Option<DriftRecord>,
         policy: RecoveryPolicy,
     }
 
@@ -184,7 +219,14 @@ mod tests {
                 fingerprint: rendered.fingerprint.clone(),
                 retry_token: String::new(),
             };
-            Self { gateway, rendered, inputs, record: None, policy: RecoveryPolicy::default() }
+            Self {
+                gateway,
+                rendered,
+                inputs,
+                record: None,
+                drift: None,
+                policy: RecoveryPolicy::default(),
+            }
         }
 
         fn facts(&self) -> Facts<'_> {
@@ -193,6 +235,7 @@ mod tests {
                 rendered: &self.rendered,
                 inputs: &self.inputs,
                 record: self.record.as_ref(),
+                drift: self.drift.as_ref(),
                 policy: &self.policy,
                 poll_interval: Duration::from_secs(2),
                 now_ms: NOW,
@@ -218,7 +261,7 @@ mod tests {
     }
 
     fn observed(workload: Workload) -> Observation {
-        Observation { workload, route_address: String::new(), drifted: false }
+        Observation { workload, route_address: String::new(), drift: None }
     }
 
     fn reported(plan: Plan) -> Report {
@@ -260,8 +303,44 @@ mod tests {
     #[test]
     fn drift_is_repaired_by_an_apply() {
         let case = Case::new().applied_as(Workload::Available);
-        let drifted = Observation { drifted: true, ..observed(Workload::Available) };
+        let drifted = Observation {
+            drift: Some("Service edge: .spec".into()),
+            ..observed(Workload::Available)
+        };
         assert_eq!(plan(&case.facts(), Some(&drifted)), Plan::Apply);
+    }
+
+    #[test]
+    fn a_drift_back_after_every_repair_is_reported_and_left_alone() {
+        let drift = "Deployment edge: .spec.template.spec.containers[gateway].image";
+        let drifted = Observation { drift: Some(drift.into()), ..observed(Workload::Available) };
+        let mut case = Case::new().applied_as(Workload::Available);
+        let record =
+            |repairs| DriftRecord { inputs: case.inputs.clone(), drift: drift.into(), repairs };
+        case.drift = Some(record(DRIFT_REPAIRS - 1));
+        assert_eq!(plan(&case.facts(), Some(&drifted)), Plan::Apply, "one more repair");
+        case.drift = Some(record(DRIFT_REPAIRS));
+        let report = reported(plan(&case.facts(), Some(&drifted)));
+        assert_eq!(report.action, Action::done(Outcome::Observed));
+        let status = report.status.expect("the drift is reported");
+        assert_eq!(status.phase(), Phase::Running, "the workload is fine");
+        let ready = status.conditions.iter().find(|c| c.r#type == "Ready").unwrap();
+        assert_eq!(ready.status(), gantry_api::v1::ConditionStatus::True);
+        let persists = status.conditions.iter().find(|c| c.r#type == status::DRIFTED).unwrap();
+        assert_eq!(persists.reason, status::DRIFT_PERSISTS);
+        assert!(persists.message.starts_with(drift), "{}", persists.message);
+        // Shown: nothing more to write.
+        let case =
+            Case { gateway: Gateway { status: Some(status), ..case.gateway.clone() }, ..case };
+        let again = reported(plan(&case.facts(), Some(&drifted)));
+        assert_eq!(again.status, None);
+        // Another drift, or new inputs, are repaired.
+        let other =
+            Observation { drift: Some("Service edge: .spec.selector".into()), ..drifted.clone() };
+        assert_eq!(plan(&case.facts(), Some(&other)), Plan::Apply);
+        let mut changed = case;
+        changed.inputs.generation = 3;
+        assert_eq!(plan(&changed.facts(), Some(&drifted)), Plan::Apply);
     }
 
     #[test]

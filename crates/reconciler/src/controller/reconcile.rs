@@ -51,11 +51,13 @@ pub async fn reconcile(mut gateway: Gateway, ctx: &Context) -> Result<Action, Re
         retry_token,
     };
     let record = ctx.record(name, &current, &inputs);
+    let drift = ctx.drift_record(name);
     let facts = Facts {
         gateway: &gateway,
         rendered: &rendered,
         inputs: &inputs,
         record: record.as_ref(),
+        drift: drift.as_ref(),
         policy: &ctx.settings.policy,
         poll_interval: ctx.poll_interval(),
         now_ms: ctx.now_ms(),
@@ -66,11 +68,19 @@ pub async fn reconcile(mut gateway: Gateway, ctx: &Context) -> Result<Action, Re
         Plan::Observe => {
             let observation = ctx.observe(&owner, &rendered).await?;
             match plan(&facts, Some(&observation)) {
-                Plan::Report(report) => report,
+                Plan::Report(report) => {
+                    if !observation.drifted() {
+                        ctx.forget_drift(name);
+                    }
+                    report
+                }
                 // Drifted (a plan given the observation never asks for it).
                 Plan::Apply | Plan::Observe => {
-                    tracing::info!("owned objects drifted; repairing");
-                    apply(&facts, &owner, ctx).await?
+                    let drift = observation.drift.unwrap_or_default();
+                    tracing::info!(drift, "owned objects drifted; repairing");
+                    let report = apply(&facts, &owner, ctx).await?;
+                    ctx.note_repair(name, &inputs, drift);
+                    report
                 }
             }
         }

@@ -83,7 +83,10 @@ async fn follow_leadership(state: Arc<State>, mut leading: watch::Receiver<bool>
         let now_leading = *leading.borrow_and_update();
         state.metrics.leader.set(i64::from(now_leading));
         if now_leading {
-            state.each_entry(|e| e.record = None);
+            state.each_entry(|e| {
+                e.record = None;
+                e.drift = None;
+            });
             requeue_all(&state);
         }
     }

@@ -11,6 +11,7 @@ use gantry_api::v1::{Gateway, GatewayStatus, Phase};
 use gantry_core::recovery::Attempts;
 use tokio::time::Instant;
 
+use super::plan::DriftRecord;
 use crate::metrics::{Metrics, PhaseLabels};
 use crate::queue::WorkQueue;
 use crate::targets::Target;
@@ -24,6 +25,8 @@ pub(super) struct Entry {
     /// The failure record for the current inputs, read from status or
     /// newer than what status shows when a status write failed.
     pub(super) record: Option<Attempts>,
+    /// Repairs of a drift that came back.
+    pub(super) drift: Option<DriftRecord>,
     /// Consecutive failed passes, for the runtime's backoff.
     pub(super) errors: u32,
     /// When each generation not yet observed was first seen.
@@ -201,6 +204,7 @@ impl State {
                 let entry = Entry {
                     cached,
                     record: None,
+                    drift: None,
                     errors: 0,
                     first_seen: Vec::new(),
                     queued_at: None,

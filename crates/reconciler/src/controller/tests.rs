@@ -37,6 +37,8 @@ struct ScriptedTarget {
     failing: Mutex<Option<String>>,
     workload: Mutex<Option<Workload>>,
     drifted: AtomicBool,
+    /// A drift no apply removes (another writer sets it every time).
+    sticky_drift: AtomicBool,
     applies: Mutex<Vec<(String, Instant)>>,
     observes: AtomicU32,
     deletes: AtomicU32,
@@ -76,7 +78,9 @@ impl Target for ScriptedTarget {
         Ok(Observation {
             workload: lock(&self.workload).clone().unwrap_or(Workload::Available),
             route_address: String::new(),
-            drifted: self.drifted.load(Ordering::SeqCst),
+            drift: (self.drifted.load(Ordering::SeqCst)
+                || self.sticky_drift.load(Ordering::SeqCst))
+            .then(|| "Deployment edge: .spec.template.spec.containers[gateway].image".into()),
         })
     }
 
@@ -653,5 +657,45 @@ async fn a_conflict_against_a_restored_store_is_re_read_once_not_looped() {
     })
     .await;
     assert!(store.reads() - reads <= 2, "re-read {} times", store.reads() - reads);
+    running.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drift_every_repair_leaves_is_reported_after_its_budget_and_then_costs_nothing() {
+    let (store, target) = (MemoryStore::default(), Arc::new(ScriptedTarget::default()));
+    let running = Running::start(&store, &target);
+    create(&store, Gateway::test("edge"));
+    until(MINUTE, "running", || is_running(&store, "edge")).await;
+    target.sticky_drift.store(true, Ordering::SeqCst);
+    let persists = |store: &MemoryStore| {
+        status(store, "edge").conditions.iter().any(|c| c.reason == status::DRIFT_PERSISTS)
+    };
+    // Each apply is answered by a watch event of the re-drifted object.
+    until(MINUTE, "the drift reported", || {
+        running.controller.state().queue.add("edge");
+        persists(&store)
+    })
+    .await;
+    assert_eq!(target.applies_of("edge"), 1 + super::plan::DRIFT_REPAIRS as usize);
+    assert!(is_running(&store, "edge"), "the workload is fine: still RUNNING");
+    // Resyncs and watch events: nothing more is applied or written.
+    let writes = store.reconciler_writes();
+    for _ in 0..3 {
+        running.controller.state().queue.add("edge");
+        tokio::time::sleep(Duration::from_secs(300)).await;
+    }
+    assert_eq!(target.applies_of("edge"), 1 + super::plan::DRIFT_REPAIRS as usize);
+    assert_eq!(store.reconciler_writes(), writes);
+    // A spec change is new inputs: applied, and repairs resume.
+    edit(
+        &store,
+        "edge",
+        |g| g.spec.as_mut().unwrap().image = "ghcr.io/acme/gateway:2.0".into(),
+        &["spec.image"],
+    );
+    until(MINUTE, "the new generation applied", || {
+        target.applies_of("edge") > 1 + super::plan::DRIFT_REPAIRS as usize
+    })
+    .await;
     running.stop().await;
 }

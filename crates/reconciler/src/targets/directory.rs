@@ -164,15 +164,21 @@ impl Target for DirectoryTarget {
     ) -> Result<Observation, TargetError> {
         let dir = self.dir(&owner.name);
         let marker = tokio::fs::read_to_string(dir.join(MARKER)).await.unwrap_or_default();
-        let mut drifted =
-            marker.trim() != owner.uid || Self::files(&dir).await?.len() != rendered.objects.len();
+        let mut drift = (marker.trim() != owner.uid).then(|| format!("{MARKER} of {}", owner.name));
+        if Self::files(&dir).await?.len() != rendered.objects.len() {
+            drift.get_or_insert_with(|| format!("the files of {}", owner.name));
+        }
         for manifest in &rendered.objects {
             let path = dir.join(manifest.file_name());
             let current = tokio::fs::read_to_string(&path).await.ok();
-            drifted |= current.as_deref() != Some(to_yaml(&manifest.body)?.as_str());
+            if current.as_deref() != Some(to_yaml(&manifest.body)?.as_str()) {
+                drift.get_or_insert_with(|| {
+                    format!("{} differs from the rendering", path.display())
+                });
+            }
         }
         // Nothing admits a route here: no address is claimed.
-        Ok(Observation { workload: Workload::Written, route_address: String::new(), drifted })
+        Ok(Observation { workload: Workload::Written, route_address: String::new(), drift })
     }
 
     async fn delete(&self, owner: &Owner) -> Result<bool, TargetError> {

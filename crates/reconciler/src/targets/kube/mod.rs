@@ -302,17 +302,17 @@ impl Target for KubeTarget {
                     message: "waiting for the watches to catch up".into(),
                 },
                 route_address,
-                drifted: false,
+                drift: None,
             });
         };
-        let mut drifted = leftover;
+        let mut drift = leftover.then(|| "objects of kinds no longer rendered".to_string());
         let mut deployment = None;
         let mut verdicts = Vec::new();
         // One copy for the verdicts of all this gateway's objects.
         let fingerprint: Arc<str> = Arc::from(rendered.fingerprint.as_str());
         for (manifest, k, live) in found {
             let Some((ours, live)) = live else {
-                drifted = true;
+                drift.get_or_insert_with(|| format!("{} {} is missing", k.0, k.1));
                 continue;
             };
             let (changed, verdict) = live.drift_from(ours, &manifest.body, &fingerprint);
@@ -324,7 +324,7 @@ impl Target for KubeTarget {
                     field = &*field,
                     "drifted from what was applied"
                 );
-                drifted = true;
+                drift.get_or_insert_with(|| format!("{} {}: {field}", k.0, k.1));
             }
             if let Some(Reading::Rollout(workload)) = live.reading.as_deref() {
                 deployment = Some(workload.clone());
@@ -340,14 +340,16 @@ impl Target for KubeTarget {
             return Ok(Observation {
                 workload: Workload::Progressing { message: "the Deployment is missing".into() },
                 route_address,
-                drifted: true,
+                drift: Some(drift.unwrap_or_else(|| "the Deployment is missing".into())),
             });
         };
         // What an earlier rollout left retires in an apply pass.
-        drifted |= self.retirement_due(owner, rendered, &deployment);
+        if self.retirement_due(owner, rendered, &deployment) {
+            drift.get_or_insert_with(|| "what an earlier rollout left is to retire".into());
+        }
         let deadline = self.settings.route_deadline;
         let workload = with_route(deployment, ingress, &route_address, route_waited, deadline);
-        Ok(Observation { workload, route_address, drifted })
+        Ok(Observation { workload, route_address, drift })
     }
 
     async fn delete(&self, owner: &Owner) -> Result<bool, TargetError> {
