@@ -75,6 +75,7 @@ async fn under_random_cluster_faults_gateways_converge_or_fail_truthfully() {
         concurrency: 8,
         sync_period: Duration::from_secs(5),
         poll_interval: Duration::from_millis(100),
+        ..Settings::default()
     };
     let controller = Controller::new(
         Arc::new(GrpcStore::new(config.connect_lazy().unwrap())),

@@ -99,6 +99,7 @@ fn settings() -> Settings {
         concurrency: 4,
         sync_period: Duration::from_secs(2),
         poll_interval: Duration::from_millis(100),
+        route_deadline: Duration::from_secs(600),
     }
 }
 

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use gantry_api::v1::{
     EventType, Gateway, GatewaySpec, ListGatewaysRequest, Phase, WatchGatewaysRequest,
 };
+use gantry_testkit::admission::{self, Policy};
 use gantry_testkit::backup::{pg_dump, pg_restore, sqlite_backup, sqlite_restore, tool};
 use gantry_testkit::cluster::{ClusterRig, PATIENCE};
 use gantry_testkit::k8s::{ControlPlane, RECONCILER_USER};
@@ -151,19 +152,24 @@ async fn a_postgres_store_restored_under_a_running_reconciler_is_converged_on() 
 }
 
 /// Refuses every update of a Deployment in the rig's namespace by the
-/// reconciler (a ValidatingAdmissionPolicy, as a freeze would), until
-/// dropped. Installed only once the server enforces it.
+/// reconciler (as a freeze would), until dropped; installed and lifted
+/// only once the server enforces that.
 struct Freeze {
+    probe: Probe,
+    _policy: Option<Policy>,
+}
+
+/// A dry-run update of the Deployment as the reconciler.
+struct Probe {
     plane: &'static ControlPlane,
     namespace: String,
-    name: String,
 }
 
 const FROZEN: &str = "deployments are frozen by policy";
 
-impl Freeze {
-    /// Whether an update by the reconciler is refused now (a dry run).
-    fn enforced(&self) -> bool {
+impl Probe {
+    /// Whether an update by the reconciler is refused now.
+    fn frozen(&self) -> bool {
         let probe = self.plane.kubectl_output(&[
             "-n",
             &self.namespace,
@@ -177,56 +183,25 @@ impl Freeze {
         ]);
         String::from_utf8_lossy(&probe.stderr).contains(FROZEN)
     }
+}
 
+impl Freeze {
     fn install(rig: &ClusterRig) -> Freeze {
-        let name = format!("freeze-{}", rig.namespace);
-        let policy = serde_json::json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicy",
-            "metadata": {"name": name},
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": {"resourceRules": [{
-                    "apiGroups": ["apps"], "apiVersions": ["v1"],
-                    "operations": ["UPDATE"], "resources": ["deployments"],
-                }]},
-                "validations": [{
-                    "expression": format!("request.userInfo.username != '{RECONCILER_USER}'"),
-                    "message": FROZEN,
-                }],
-            },
-        });
-        let binding = serde_json::json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingAdmissionPolicyBinding",
-            "metadata": {"name": name},
-            "spec": {
-                "policyName": name,
-                "validationActions": ["Deny"],
-                "matchResources": {"namespaceSelector": {"matchLabels": {
-                    "kubernetes.io/metadata.name": rig.namespace,
-                }}},
-            },
-        });
-        let list =
-            serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [policy, binding]});
-        let out = rig.plane.kubectl_stdin(&["apply", "-f", "-"], &list.to_string());
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let freeze = Freeze { plane: rig.plane, namespace: rig.namespace.clone(), name };
-        // Policies take effect a moment after they are stored.
-        eventually_blocking(PATIENCE, "the freeze enforced", || freeze.enforced());
-        freeze
+        let expression = format!("request.userInfo.username != '{RECONCILER_USER}'");
+        let rules = admission::rules("apps", "deployments", &["UPDATE"]);
+        let policy = Policy::deny(rig, "freeze", rules, &expression, FROZEN);
+        let probe = Probe { plane: rig.plane, namespace: rig.namespace.clone() };
+        eventually_blocking(PATIENCE, "the freeze enforced", || probe.frozen());
+        Freeze { probe, _policy: Some(policy) }
     }
 }
 
 impl Drop for Freeze {
     /// Lifts the freeze, and waits until the server no longer enforces it.
     fn drop(&mut self) {
-        let policy = format!("validatingadmissionpolicy/{}", self.name);
-        let binding = format!("validatingadmissionpolicybinding/{}", self.name);
-        self.plane.kubectl(&["delete", &policy, &binding, "--ignore-not-found"]);
+        self._policy.take();
         if !std::thread::panicking() {
-            eventually_blocking(PATIENCE, "the freeze lifted", || !self.enforced());
+            eventually_blocking(PATIENCE, "the freeze lifted", || !self.probe.frozen());
         }
     }
 }
@@ -416,66 +391,28 @@ const PINNED: &str = "ghcr.io/acme/gateway:1@sha256:0000000000000000000000000000
 
 /// A MutatingAdmissionPolicy (the API server's own mutating admission,
 /// GA in Kubernetes 1.36) rewriting the first container's image of every
-/// Deployment written in the rig's namespace; removed when dropped.
-struct Pinning {
-    plane: &'static ControlPlane,
-    name: String,
-}
-
-impl Pinning {
-    fn install(rig: &ClusterRig) -> Pinning {
-        let name = format!("pin-{}", rig.namespace);
-        let policy = serde_json::json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "MutatingAdmissionPolicy",
-            "metadata": {"name": name},
-            "spec": {
-                "failurePolicy": "Fail",
-                "reinvocationPolicy": "Never",
-                "matchConstraints": {"resourceRules": [{
-                    "apiGroups": ["apps"], "apiVersions": ["v1"],
-                    "operations": ["CREATE", "UPDATE"], "resources": ["deployments"],
-                }]},
-                "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": format!(
-                    "[JSONPatch{{op: \"replace\", path: \"/spec/template/spec/containers/0/image\", value: \"{PINNED}\"}}]"
-                )}}],
-            },
-        });
-        let binding = serde_json::json!({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "MutatingAdmissionPolicyBinding",
-            "metadata": {"name": name},
-            "spec": {"policyName": name, "matchResources": {"namespaceSelector": {"matchLabels": {
-                "kubernetes.io/metadata.name": rig.namespace,
-            }}}},
-        });
-        let list =
-            serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [policy, binding]});
-        rig.plane.kubectl_stdin(&["apply", "-f", "-"], &list.to_string());
-        let probe = serde_json::json!({
-            "apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": "probe", "namespace": rig.namespace},
-            "spec": {"selector": {"matchLabels": {"app": "probe"}}, "template": {
-                "metadata": {"labels": {"app": "probe"}},
-                "spec": {"containers": [{"name": "c", "image": "probe:1"}]}}},
-        });
-        eventually_blocking(PATIENCE, "the pinning enforced", || {
-            let out = rig.plane.kubectl_stdin(
-                &["create", "--dry-run=server", "-o", "json", "-f", "-"],
-                &probe.to_string(),
-            );
-            String::from_utf8_lossy(&out.stdout).contains(PINNED)
-        });
-        Pinning { plane: rig.plane, name }
-    }
-}
-
-impl Drop for Pinning {
-    fn drop(&mut self) {
-        let policy = format!("mutatingadmissionpolicy/{}", self.name);
-        let binding = format!("mutatingadmissionpolicybinding/{}", self.name);
-        self.plane.kubectl(&["delete", &policy, &binding, "--ignore-not-found"]);
-    }
+/// Deployment written in the rig's namespace, once enforced.
+fn pin_images(rig: &ClusterRig) -> Policy {
+    let expression = format!(
+        "[JSONPatch{{op: \"replace\", path: \"/spec/template/spec/containers/0/image\", value: \"{PINNED}\"}}]"
+    );
+    let rules = admission::rules("apps", "deployments", &["CREATE", "UPDATE"]);
+    let policy = Policy::mutate(rig, "pin", rules, &expression);
+    let probe = serde_json::json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "probe", "namespace": rig.namespace},
+        "spec": {"selector": {"matchLabels": {"app": "probe"}}, "template": {
+            "metadata": {"labels": {"app": "probe"}},
+            "spec": {"containers": [{"name": "c", "image": "probe:1"}]}}},
+    });
+    eventually_blocking(PATIENCE, "the pinning enforced", || {
+        let out = rig.plane.kubectl_stdin(
+            &["create", "--dry-run=server", "-o", "json", "-f", "-"],
+            &probe.to_string(),
+        );
+        String::from_utf8_lossy(&out.stdout).contains(PINNED)
+    });
+    policy
 }
 
 /// The reconciler's writes in the rig's namespace so far.
@@ -500,7 +437,7 @@ async fn wait_drift_persists(rig: &ClusterRig, generation: i64) -> Gateway {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drift_every_repair_leaves_is_reported_and_then_costs_no_write() {
     let Some(mut rig) = ClusterRig::start("sticky") else { return };
-    let _pinning = Pinning::install(&rig);
+    let _pinning = pin_images(&rig);
     rig.reconciler(&["--sync-period", "3s"]);
     rig.create_spec("edge", spec("1")).await;
 

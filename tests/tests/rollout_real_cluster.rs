@@ -1,14 +1,22 @@
 //! How gateways roll out, judged by the real control plane (tests/k8s):
 //! pods roll for what they consume and nothing else, configs are
-//! content-addressed and retired after the rollout that replaced them.
+//! content-addressed and retired after the rollout that replaced them, and
+//! status tells each step as it is (a re-rollout at the same generation, a
+//! route waiting for its address, a cleanup the cluster refuses).
 //! Skips with one line when the binaries are absent, and fails instead
 //! under `CI=true`.
 
 #![allow(clippy::unwrap_used)]
 
-use gantry_api::v1::{GatewaySpec, ResourceRequirements, Route};
+use gantry_api::v1::{
+    ConditionStatus, EventType, Gateway, GatewaySpec, Phase, ResourceRequirements, Route,
+    StepState, WatchGatewaysRequest,
+};
+use gantry_testkit::admission::{self, Policy};
 use gantry_testkit::cluster::{ClusterRig, PATIENCE};
 use gantry_testkit::eventually_blocking;
+use gantry_testkit::k8s::RECONCILER_USER;
+use tokio_stream::StreamExt;
 
 fn spec(host: &str, replicas: i32, mode: &str, cpu: &str) -> GatewaySpec {
     GatewaySpec {
@@ -74,4 +82,172 @@ async fn pods_roll_for_what_they_consume_and_nothing_else() {
     let deployment = rig.json(&["get", "deployment", "edge"]);
     let volumes = &deployment["spec"]["template"]["spec"]["volumes"];
     assert_eq!(volumes[0]["configMap"]["name"], config["metadata"]["name"]);
+}
+
+fn step(g: &Gateway, name: &str) -> StepState {
+    let status = g.status.as_ref().unwrap();
+    status
+        .provisioning
+        .iter()
+        .find(|s| s.name == name)
+        .map_or(StepState::Unspecified, |s| s.state())
+}
+
+fn condition(g: &Gateway, kind: &str) -> Option<gantry_api::v1::Condition> {
+    g.status.as_ref()?.conditions.iter().find(|c| c.r#type == kind).cloned()
+}
+
+/// The store's writes of `name` from now on, counted.
+fn count_writes(rig: &ClusterRig, name: &str) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (client, seen, name) = (rig.store.client(), count.clone(), name.to_string());
+    tokio::spawn(async move {
+        let request = WatchGatewaysRequest { name, ..Default::default() };
+        let mut events = client.clone().watch_gateways(request).await.unwrap().into_inner();
+        while let Some(Ok(event)) = events.next().await {
+            if event.r#type() == EventType::Modified {
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+    });
+    count
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_rollout_at_the_same_generation_shows_in_its_step_and_polls_write_nothing() {
+    let Some(mut rig) = ClusterRig::start("re-rollout") else { return };
+    rig.reconciler(&[]);
+    rig.create_spec(
+        "edge",
+        GatewaySpec { image: "ghcr.io/acme/gateway:1".into(), ..Default::default() },
+    )
+    .await;
+    rig.wait_running("edge", 1).await;
+
+    // No pod can be created in the namespace; the Deployment is deleted
+    // out of band and re-created by the reconciler: a rollout at the same
+    // generation, stuck.
+    let rules = admission::rules("", "pods", &["CREATE"]);
+    let no_pods = Policy::deny(&rig, "no-pods", rules, "false", "no pods now");
+    // A pod the namespace's restricted Pod Security admits.
+    let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "probe", "namespace": rig.namespace},
+        "spec": {"securityContext": {"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}},
+                 "containers": [{"name": "c", "image": "probe:1", "securityContext": {
+                     "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}}}]}});
+    eventually_blocking(PATIENCE, "pods refused", || {
+        let create = ["create", "--dry-run=server", "-f", "-"];
+        let out = rig.plane.kubectl_stdin_output(&create, &pod.to_string());
+        String::from_utf8_lossy(&out.stderr).contains("no pods now")
+    });
+    rig.kubectl(&["delete", "deployment", "edge", "--wait=true"]);
+    let stuck = rig
+        .wait_for("edge", "WorkloadAvailable back to IN_PROGRESS", |g| {
+            step(g, "WorkloadAvailable") == StepState::InProgress
+        })
+        .await;
+    let status = stuck.status.clone().unwrap();
+    assert_eq!((status.phase(), status.observed_generation), (Phase::Provisioning, 1));
+    assert_eq!(step(&stuck, "ManifestsApplied"), StepState::Complete);
+
+    // Polled every 200 ms while stuck: no write says nothing new.
+    let writes = count_writes(&rig, "edge");
+    let passes = rig.passes();
+    rig.wait_passes_after(passes, 10);
+    assert_eq!(writes.load(std::sync::atomic::Ordering::SeqCst), 0, "no-op status writes");
+
+    drop(no_pods);
+    let g = rig.wait_running("edge", 1).await;
+    assert_eq!(step(&g, "WorkloadAvailable"), StepState::Complete);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_waits_with_its_workload_available_and_its_deadline_runs_from_the_wait() {
+    let Some(mut rig) = ClusterRig::start("route-wait") else { return };
+    rig.reconciler(&["--route-deadline", "4s"]);
+    rig.create_spec("edge", spec("edge.example.com", 1, "strict", "100m")).await;
+    let waiting = rig
+        .wait_for("edge", "waiting for its address", |g| {
+            step(g, "RouteAdmitted") == StepState::InProgress
+                && step(g, "WorkloadAvailable") == StepState::Complete
+        })
+        .await;
+    assert_eq!(waiting.status.as_ref().unwrap().phase(), Phase::Provisioning);
+    let since = condition(&waiting, "RouteAdmitted").unwrap();
+    assert_eq!(
+        (since.status(), since.reason.as_str()),
+        (ConditionStatus::False, "WaitingForAddress")
+    );
+
+    let degraded = rig
+        .wait_for("edge", "DEGRADED RouteNotAdmitted", |g| {
+            g.status.as_ref().is_some_and(|s| s.phase() == Phase::Degraded)
+        })
+        .await;
+    let ready = condition(&degraded, "Ready").unwrap();
+    assert_eq!(ready.reason, "RouteNotAdmitted");
+    assert_eq!(step(&degraded, "WorkloadAvailable"), StepState::Complete);
+    assert_eq!(step(&degraded, "RouteAdmitted"), StepState::Failed);
+    let route = condition(&degraded, "RouteAdmitted").unwrap();
+    assert_eq!(route.last_transition_time, since.last_transition_time, "the wait's start is kept");
+
+    rig.admit("edge", "lb-1.example.net");
+    let g = rig.wait_running("edge", 1).await;
+    assert_eq!(condition(&g, "RouteAdmitted").unwrap().reason, "AddressPublished");
+
+    // Long after the Ingress was made, its address goes: a new wait, with
+    // the whole deadline (not DEGRADED at once, as counting from the
+    // Ingress's creation would make it).
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let cleared = r#"{"status":{"loadBalancer":{"ingress":null}}}"#;
+    rig.kubectl(&[
+        "patch",
+        "ingress",
+        "edge",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        cleared,
+    ]);
+    rig.wait_for("edge", "waiting again", |g| {
+        step(g, "RouteAdmitted") == StepState::InProgress
+            && g.status.as_ref().is_some_and(|s| s.phase() == Phase::Provisioning)
+    })
+    .await;
+    rig.wait_for("edge", "DEGRADED again", |g| {
+        g.status.as_ref().is_some_and(|s| s.phase() == Phase::Degraded)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cleanup_the_cluster_refuses_is_in_status_with_its_reason() {
+    let Some(mut rig) = ClusterRig::start("cleanup") else { return };
+    rig.reconciler(&[]);
+    rig.create_spec(
+        "edge",
+        GatewaySpec { image: "ghcr.io/acme/gateway:1".into(), ..Default::default() },
+    )
+    .await;
+    rig.wait_running("edge", 1).await;
+    let expression = format!("request.userInfo.username != '{RECONCILER_USER}'");
+    let rules = admission::rules("apps", "deployments", &["DELETE"]);
+    let kept = Policy::deny(&rig, "keep", rules, &expression, "deployments are kept by policy");
+    eventually_blocking(PATIENCE, "deletes refused", || {
+        let out =
+            rig.kubectl_output_as_reconciler(&["delete", "deployment", "edge", "--dry-run=server"]);
+        String::from_utf8_lossy(&out.stderr).contains("kept by policy")
+    });
+    rig.delete("edge").await;
+    let blocked = rig
+        .wait_for("edge", "the blocked cleanup in status", |g| {
+            condition(g, "CleanupBlocked").is_some()
+        })
+        .await;
+    let c = condition(&blocked, "CleanupBlocked").unwrap();
+    assert_eq!((c.status(), c.reason.as_str()), (ConditionStatus::True, "Invalid"));
+    assert!(c.message.contains("deployments are kept by policy"), "{}", c.message);
+    assert_eq!(blocked.status.unwrap().phase(), Phase::Deleting);
+    drop(kept);
+    rig.wait_gone("edge").await;
 }

@@ -31,6 +31,21 @@ pub const VERSION_HEADER: &str = "gantry-server-version";
 /// when that request carried no sampled trace.
 pub const TRACE_ANNOTATION: &str = "gantry.dev/traceparent";
 
+/// The provisioning steps of a gateway's status, named once for the
+/// reconciler that writes them, the store's rules and every reader.
+pub mod steps {
+    /// The manifests of the observed generation were applied (forward
+    /// only within a generation).
+    pub const MANIFESTS_APPLIED: &str = "ManifestsApplied";
+    /// The workload is rolled out and available (observed live).
+    pub const WORKLOAD_AVAILABLE: &str = "WorkloadAvailable";
+    /// An ingress controller published the route's address (observed live).
+    pub const ROUTE_ADMITTED: &str = "RouteAdmitted";
+    /// Steps that report what is live now: they follow it, back too (a
+    /// re-rollout at the same generation, an address withdrawn).
+    pub const OBSERVED: [&str; 2] = [WORKLOAD_AVAILABLE, ROUTE_ADMITTED];
+}
+
 /// `google.rpc.ErrorInfo` of gantry's errors: the domain and the reasons a
 /// client acts on. Named here once for the store and every client.
 pub mod reasons {

@@ -1,6 +1,7 @@
 //! Rules for status writes (rules 3 and 4): the observed_generation range,
 //! monotonic provisioning steps, condition transition times and phases.
 
+use gantry_api::steps;
 use gantry_api::v1::{Condition, ConditionStatus, Phase, ProvisioningStep, StepState};
 use prost_types::Timestamp;
 
@@ -123,7 +124,9 @@ pub fn next_step_state(current: StepState, incoming: StepState) -> StepState {
 
 /// Rule 4: merges incoming steps into the current ones by name. Steps the
 /// writer did not mention are kept; new steps are appended in the writer's
-/// order. A replayed or reordered write therefore never regresses a step.
+/// order. A replayed or reordered write therefore never regresses a step
+/// of work done ([`steps::MANIFESTS_APPLIED`]); a step that reports what is
+/// live ([`steps::OBSERVED`]) takes the state written, back too.
 pub fn merge_provisioning(
     current: &[ProvisioningStep],
     incoming: &[ProvisioningStep],
@@ -132,7 +135,11 @@ pub fn merge_provisioning(
     for step in incoming {
         match merged.iter_mut().find(|s| s.name == step.name) {
             Some(existing) => {
-                let next = next_step_state(existing.state(), step.state());
+                let next = if steps::OBSERVED.contains(&step.name.as_str()) {
+                    step.state()
+                } else {
+                    next_step_state(existing.state(), step.state())
+                };
                 if next != existing.state()
                     || (next == step.state() && existing.message != step.message)
                 {
@@ -315,6 +322,31 @@ mod tests {
         assert_eq!(next_step_state(Complete, Failed), Failed);
         assert_eq!(next_step_state(Failed, InProgress), InProgress);
         assert_eq!(next_step_state(Failed, Pending), Pending);
+    }
+
+    #[test]
+    fn observed_steps_follow_what_is_live_and_work_done_stays_done() {
+        let current = vec![
+            step(steps::MANIFESTS_APPLIED, StepState::Complete),
+            step(steps::WORKLOAD_AVAILABLE, StepState::Complete),
+            step(steps::ROUTE_ADMITTED, StepState::Complete),
+        ];
+        // A re-rollout at the same generation, an address withdrawn.
+        let incoming = vec![
+            step(steps::MANIFESTS_APPLIED, StepState::InProgress),
+            step(steps::WORKLOAD_AVAILABLE, StepState::InProgress),
+            step(steps::ROUTE_ADMITTED, StepState::InProgress),
+        ];
+        let merged = merge_provisioning(&current, &incoming);
+        let states: Vec<_> = merged.iter().map(|s| (s.name.as_str(), s.state())).collect();
+        assert_eq!(
+            states,
+            [
+                (steps::MANIFESTS_APPLIED, StepState::Complete),
+                (steps::WORKLOAD_AVAILABLE, StepState::InProgress),
+                (steps::ROUTE_ADMITTED, StepState::InProgress)
+            ]
+        );
     }
 
     #[test]

@@ -86,6 +86,7 @@ pub fn settings(config: &Config) -> Settings {
         concurrency: config.control.concurrency,
         sync_period: config.control.sync_period,
         poll_interval: config.control.poll_interval,
+        route_deadline: config.render.route_deadline,
     }
 }
 
@@ -147,7 +148,6 @@ pub async fn run(
         (TargetKind::Kube, Some(client)) => {
             let settings = KubeSettings {
                 relist_period: config.control.sync_period,
-                route_deadline: config.render.route_deadline,
                 recreate_on_immutable: config.manifests.recreate_on_immutable,
             };
             let target = KubeTarget::with_settings(

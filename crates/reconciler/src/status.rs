@@ -72,9 +72,10 @@ pub const STATUS_PATHS: [&str; 10] = [
     "status.failed_inputs",
 ];
 
-pub const STEP_MANIFESTS: &str = "ManifestsApplied";
-pub const STEP_WORKLOAD: &str = "WorkloadAvailable";
-pub const STEP_ROUTE: &str = "RouteAdmitted";
+pub use gantry_api::steps::{
+    MANIFESTS_APPLIED as STEP_MANIFESTS, ROUTE_ADMITTED as STEP_ROUTE,
+    WORKLOAD_AVAILABLE as STEP_WORKLOAD,
+};
 /// Reason of Ready (Unknown) for manifests written where nothing runs them.
 pub const NOT_OBSERVED: &str = "NotObserved";
 const WRITTEN_MESSAGE: &str =
@@ -97,75 +98,127 @@ fn step(name: &str, state: StepState, message: &str) -> ProvisioningStep {
     ProvisioningStep { name: name.into(), state: state as i32, message: printable(message, false) }
 }
 
-/// Status after the manifests of `generation` were applied and observed.
+/// The route of a gateway, as the controller judges it from the address
+/// the target observed and how long it has waited for one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// The gateway has none.
+    None,
+    /// Written where nothing admits it (the directory target).
+    Written,
+    /// No load-balancer address yet, within the route deadline.
+    Waiting { ingress: String },
+    /// An ingress controller published this address.
+    Admitted { address: String },
+    /// No address within the route deadline.
+    NotAdmitted { message: String },
+}
+
+/// Condition type of the route (its `last_transition_time`, kept by the
+/// store while the status stays False, is when the wait began).
+pub const ROUTE_CONDITION: &str = "RouteAdmitted";
+/// Reasons of the route condition.
+pub const WAITING_FOR_ADDRESS: &str = "WaitingForAddress";
+pub const ADDRESS_PUBLISHED: &str = "AddressPublished";
+
+/// Status after the manifests of `generation` were applied and observed:
+/// the workload step follows the Deployment, the route step and condition
+/// the route; RUNNING only when both are done.
 pub fn applied(
     generation: i64,
     fingerprint: &str,
     observation: &Observation,
-    has_route: bool,
+    route: &Route,
 ) -> GatewayStatus {
-    let (phase, ready, reconciling, stalled, workload_step, message) = match &observation.workload {
-        Workload::Written => (
-            Phase::Written,
-            Condition {
-                status: ConditionStatus::Unknown as i32,
-                ..condition("Ready", false, NOT_OBSERVED, WRITTEN_MESSAGE, generation)
-            },
-            condition("Reconciling", false, "ManifestsWritten", "", generation),
-            condition("Stalled", false, "ManifestsWritten", "", generation),
-            step(STEP_WORKLOAD, StepState::Pending, WRITTEN_MESSAGE),
-            "manifests written; nothing runs or observes them (directory target)".to_string(),
-        ),
-        Workload::Available => (
-            Phase::Running,
-            condition(
-                "Ready",
-                true,
-                "RolloutComplete",
-                "all replicas are updated and available",
-                generation,
+    let (phase, ready, reconciling, stalled, workload_step, message) =
+        match (&observation.workload, route) {
+            (Workload::Written, _) => (
+                Phase::Written,
+                Condition {
+                    status: ConditionStatus::Unknown as i32,
+                    ..condition("Ready", false, NOT_OBSERVED, WRITTEN_MESSAGE, generation)
+                },
+                condition("Reconciling", false, "ManifestsWritten", "", generation),
+                condition("Stalled", false, "ManifestsWritten", "", generation),
+                step(STEP_WORKLOAD, StepState::Pending, WRITTEN_MESSAGE),
+                "manifests written; nothing runs or observes them (directory target)".to_string(),
             ),
-            condition("Reconciling", false, "RolloutComplete", "", generation),
-            condition("Stalled", false, "RolloutComplete", "", generation),
-            step(STEP_WORKLOAD, StepState::Complete, ""),
-            "running".to_string(),
-        ),
-        Workload::Progressing { message } => (
-            Phase::Provisioning,
-            condition("Ready", false, "RolloutInProgress", message, generation),
-            condition("Reconciling", true, "RolloutInProgress", message, generation),
-            condition("Stalled", false, "RolloutInProgress", "", generation),
-            step(STEP_WORKLOAD, StepState::InProgress, message),
-            format!("rolling out: {message}"),
-        ),
-        Workload::Stalled { reason, message } => (
-            Phase::Degraded,
-            condition("Ready", false, reason, message, generation),
-            condition("Reconciling", false, reason, "", generation),
-            condition("Stalled", true, reason, message, generation),
-            step(STEP_WORKLOAD, StepState::Failed, message),
-            format!("{reason}: {message}"),
-        ),
-    };
-    let mut provisioning = vec![step(STEP_MANIFESTS, StepState::Complete, ""), workload_step];
-    if has_route {
-        // Admitted only when an ingress controller published an address.
-        let route = match &observation.workload {
-            Workload::Written => step(STEP_ROUTE, StepState::Pending, WRITTEN_MESSAGE),
-            _ if !observation.route_address.is_empty() => {
-                step(STEP_ROUTE, StepState::Complete, &observation.route_address)
+            (Workload::Available, Route::Waiting { ingress }) => {
+                let waiting = format!("waiting for a load-balancer address on Ingress {ingress}");
+                (
+                    Phase::Provisioning,
+                    condition("Ready", false, WAITING_FOR_ADDRESS, &waiting, generation),
+                    condition("Reconciling", true, WAITING_FOR_ADDRESS, &waiting, generation),
+                    condition("Stalled", false, WAITING_FOR_ADDRESS, "", generation),
+                    step(STEP_WORKLOAD, StepState::Complete, ""),
+                    waiting,
+                )
             }
-            Workload::Stalled { reason, message } if reason == ROUTE_NOT_ADMITTED => {
-                step(STEP_ROUTE, StepState::Failed, message)
-            }
-            _ => step(STEP_ROUTE, StepState::InProgress, "waiting for a load-balancer address"),
+            (Workload::Available, Route::NotAdmitted { message }) => (
+                Phase::Degraded,
+                condition("Ready", false, ROUTE_NOT_ADMITTED, message, generation),
+                condition("Reconciling", false, ROUTE_NOT_ADMITTED, "", generation),
+                condition("Stalled", true, ROUTE_NOT_ADMITTED, message, generation),
+                step(STEP_WORKLOAD, StepState::Complete, ""),
+                format!("{ROUTE_NOT_ADMITTED}: {message}"),
+            ),
+            (Workload::Available, _) => (
+                Phase::Running,
+                condition(
+                    "Ready",
+                    true,
+                    "RolloutComplete",
+                    "all replicas are updated and available",
+                    generation,
+                ),
+                condition("Reconciling", false, "RolloutComplete", "", generation),
+                condition("Stalled", false, "RolloutComplete", "", generation),
+                step(STEP_WORKLOAD, StepState::Complete, ""),
+                "running".to_string(),
+            ),
+            (Workload::Progressing { message }, _) => (
+                Phase::Provisioning,
+                condition("Ready", false, "RolloutInProgress", message, generation),
+                condition("Reconciling", true, "RolloutInProgress", message, generation),
+                condition("Stalled", false, "RolloutInProgress", "", generation),
+                step(STEP_WORKLOAD, StepState::InProgress, message),
+                format!("rolling out: {message}"),
+            ),
+            (Workload::Stalled { reason, message }, _) => (
+                Phase::Degraded,
+                condition("Ready", false, reason, message, generation),
+                condition("Reconciling", false, reason, "", generation),
+                condition("Stalled", true, reason, message, generation),
+                step(STEP_WORKLOAD, StepState::Failed, message),
+                format!("{reason}: {message}"),
+            ),
         };
-        provisioning.push(route);
+    let mut provisioning = vec![step(STEP_MANIFESTS, StepState::Complete, ""), workload_step];
+    let mut conditions = vec![ready, reconciling, stalled];
+    let route_step_and_condition = match route {
+        Route::None => None,
+        Route::Written => Some((step(STEP_ROUTE, StepState::Pending, WRITTEN_MESSAGE), None)),
+        Route::Waiting { .. } => Some((
+            step(STEP_ROUTE, StepState::InProgress, "waiting for a load-balancer address"),
+            Some(condition(ROUTE_CONDITION, false, WAITING_FOR_ADDRESS, "", generation)),
+        )),
+        Route::Admitted { address } => Some((
+            step(STEP_ROUTE, StepState::Complete, address),
+            Some(condition(ROUTE_CONDITION, true, ADDRESS_PUBLISHED, address, generation)),
+        )),
+        Route::NotAdmitted { message } => Some((
+            step(STEP_ROUTE, StepState::Failed, message),
+            Some(condition(ROUTE_CONDITION, false, ROUTE_NOT_ADMITTED, message, generation)),
+        )),
+    };
+    if let Some((route_step, route_condition)) = route_step_and_condition {
+        provisioning.push(route_step);
+        conditions.extend(route_condition);
     }
     GatewayStatus {
         phase: phase as i32,
         observed_generation: generation,
-        conditions: vec![ready, reconciling, stalled],
+        conditions,
         provisioning,
         route_address: printable(&observation.route_address, true),
         applied_fingerprint: fingerprint.into(),
@@ -174,6 +227,26 @@ pub fn applied(
         message: printable(&message, false),
         failed_inputs: String::new(),
     }
+}
+
+/// Condition type of a deleted gateway whose objects cannot all be
+/// deleted yet; its reason is the cluster's.
+pub const CLEANUP_BLOCKED: &str = "CleanupBlocked";
+
+/// `current` (DELETING) with the condition saying why the cleanup cannot
+/// finish: `reason` from the cluster (`Forbidden`, `Invalid`, ...).
+pub fn cleanup_blocked(
+    current: &GatewayStatus,
+    reason: &str,
+    error: &str,
+    generation: i64,
+) -> GatewayStatus {
+    let mut status = current.clone();
+    status.phase = Phase::Deleting as i32;
+    status.conditions.retain(|c| c.r#type != CLEANUP_BLOCKED);
+    status.conditions.push(condition(CLEANUP_BLOCKED, true, reason, error, generation));
+    status.message = printable(&format!("deleting: {error}"), false);
+    status
 }
 
 /// Status after a failed apply. `exhausted` means the retry budget is
@@ -256,14 +329,14 @@ mod tests {
 
     #[test]
     fn phases_follow_the_workload() {
-        let running = applied(3, "fp", &observation(Workload::Available), false);
+        let running = applied(3, "fp", &observation(Workload::Available), &Route::None);
         assert_eq!((running.phase(), running.observed_generation), (Phase::Running, 3));
         assert_eq!(running.conditions[0].status(), ConditionStatus::True);
         let rolling = applied(
             3,
             "fp",
             &observation(Workload::Progressing { message: "1 of 2 updated".into() }),
-            false,
+            &Route::None,
         );
         assert_eq!(rolling.phase(), Phase::Provisioning);
         assert_eq!(rolling.conditions[1].status(), ConditionStatus::True, "Reconciling");
@@ -274,7 +347,7 @@ mod tests {
                 reason: "ProgressDeadlineExceeded".into(),
                 message: "timed out".into(),
             }),
-            true,
+            &Route::Waiting { ingress: "edge".into() },
         );
         assert_eq!(stuck.phase(), Phase::Degraded);
         assert_eq!(
@@ -284,7 +357,7 @@ mod tests {
         assert_eq!(stuck.conditions[0].reason, "ProgressDeadlineExceeded");
         assert_eq!(stuck.provisioning.len(), 3);
         // Written where nothing runs it: settled, nothing claimed.
-        let written = applied(1, "fp", &observation(Workload::Written), true);
+        let written = applied(1, "fp", &observation(Workload::Written), &Route::Written);
         assert_eq!(written.phase(), Phase::Written);
         assert_eq!(written.observed_generation, 1);
         let ready = &written.conditions[0];
@@ -299,7 +372,7 @@ mod tests {
 
     #[test]
     fn failures_keep_observed_generation_and_tell_the_truth() {
-        let current = applied(1, "old", &observation(Workload::Available), false);
+        let current = applied(1, "old", &observation(Workload::Available), &Route::None);
         let retrying = failed(
             &current,
             2,

@@ -84,6 +84,15 @@ impl ClusterRig {
         self.plane.kubectl(&all)
     }
 
+    /// kubectl in the namespace as the reconciler's identity (impersonated
+    /// by the admin), whatever its outcome: what the reconciler would get.
+    pub fn kubectl_output_as_reconciler(&self, args: &[&str]) -> std::process::Output {
+        let user = format!("--as={RECONCILER_USER}");
+        let mut all = vec!["-n", self.namespace.as_str(), user.as_str()];
+        all.extend_from_slice(args);
+        self.plane.kubectl_output(&all)
+    }
+
     pub fn json(&self, args: &[&str]) -> Value {
         let mut all = args.to_vec();
         all.extend_from_slice(&["-o", "json"]);

@@ -424,8 +424,22 @@ impl ControlPlane {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    /// Runs kubectl as the admin with `input` on stdin.
+    /// Runs kubectl as the admin with `input` on stdin; panics with its
+    /// stderr on failure.
     pub fn kubectl_stdin(&self, args: &[&str], input: &str) -> Output {
+        let out = self.kubectl_stdin_output(args, input);
+        assert!(
+            out.status.success(),
+            "kubectl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    /// Runs kubectl as the admin with `input` on stdin; its output whether
+    /// it failed or not.
+    pub fn kubectl_stdin_output(&self, args: &[&str], input: &str) -> Output {
         use std::io::Write;
         let mut child = self
             .admin_kubectl(args)
@@ -435,14 +449,7 @@ impl ControlPlane {
             .spawn()
             .expect("run kubectl");
         child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write stdin");
-        let out = child.wait_with_output().expect("kubectl output");
-        assert!(
-            out.status.success(),
-            "kubectl {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out
+        child.wait_with_output().expect("kubectl output")
     }
 
     /// Polls `kubectl args` until `done(stdout)`, for at most `timeout`.

@@ -7,6 +7,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod backup;
 pub mod calls;
 pub mod certs;

@@ -58,6 +58,10 @@ pub struct Settings {
     pub sync_period: Duration,
     /// Re-check interval while a rollout is in progress or stalled.
     pub poll_interval: Duration,
+    /// How long a route may wait for a load-balancer address, counted from
+    /// when the reconciler first saw it waiting (the route condition's
+    /// transition time), before the gateway is DEGRADED.
+    pub route_deadline: Duration,
 }
 
 impl Default for Settings {
@@ -68,6 +72,7 @@ impl Default for Settings {
             concurrency: 16,
             sync_period: Duration::from_secs(300),
             poll_interval: Duration::from_secs(2),
+            route_deadline: Duration::from_secs(600),
         }
     }
 }

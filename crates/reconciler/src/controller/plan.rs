@@ -11,7 +11,7 @@ use gantry_core::recovery::{Attempts, Decision, Inputs, RecoveryPolicy};
 use gantry_core::status::{printable, shorten, MAX_TEXT_BYTES};
 
 use super::action::{Action, Outcome};
-use super::context::ms_timestamp;
+use super::context::{ms_timestamp, timestamp_ms};
 use crate::render::Rendered;
 use crate::status::{self, Observation, Workload};
 
@@ -28,6 +28,8 @@ pub struct Facts<'a> {
     pub policy: &'a RecoveryPolicy,
     /// How soon a moving rollout is looked at again.
     pub poll_interval: Duration,
+    /// How long a route may wait for an address.
+    pub route_deadline: Duration,
     /// Unix milliseconds.
     pub now_ms: u64,
 }
@@ -150,23 +152,55 @@ pub fn failed(facts: &Facts<'_>, error: &str, random: f64) -> (Attempts, Report)
 /// The status of what was observed, written only if it changed; a moving
 /// rollout is looked at again after the poll interval.
 fn report(facts: &Facts<'_>, observation: &Observation, outcome: Outcome) -> Report {
-    let has_route = facts.rendered.get("Ingress").is_some();
+    let route = route(facts, observation);
     let generation = facts.generation();
-    let mut desired =
-        status::applied(generation, &facts.rendered.fingerprint, observation, has_route);
+    let mut desired = status::applied(generation, &facts.rendered.fingerprint, observation, &route);
     if let Some((drift, repairs)) =
         observation.drift.as_deref().and_then(|d| Some((d, facts.drift_persists(d)?)))
     {
         desired = status::with_drift_persisting(desired, drift, repairs, generation);
     }
     let moving =
-        matches!(observation.workload, Workload::Progressing { .. } | Workload::Stalled { .. });
+        matches!(observation.workload, Workload::Progressing { .. } | Workload::Stalled { .. })
+            || matches!(route, status::Route::Waiting { .. });
     let changed = status::differs(&facts.current(), &desired);
     let outcome =
         if !changed && outcome == Outcome::Observed { Outcome::Unchanged } else { outcome };
     let action =
         if moving { Action::after(outcome, facts.poll_interval) } else { Action::done(outcome) };
     Report { status: changed.then_some(desired), action }
+}
+
+/// The route as judged now: its address, or how long it has waited for
+/// one, counted from the route condition's transition to False (when this
+/// reconciler first wrote that it waits; the store keeps that time while
+/// it stays False).
+fn route(facts: &Facts<'_>, observation: &Observation) -> status::Route {
+    let Some(ingress) = facts.rendered.get("Ingress") else { return status::Route::None };
+    if observation.workload == Workload::Written {
+        return status::Route::Written;
+    }
+    if !observation.route_address.is_empty() {
+        return status::Route::Admitted { address: observation.route_address.clone() };
+    }
+    let waiting_since = facts.current().conditions.into_iter().find(|c| {
+        c.r#type == status::ROUTE_CONDITION && c.status() == gantry_api::v1::ConditionStatus::False
+    });
+    let since_ms =
+        waiting_since.and_then(|c| c.last_transition_time).map(|t| timestamp_ms(Some(&t)));
+    let waited =
+        Duration::from_millis(since_ms.map_or(0, |since| facts.now_ms.saturating_sub(since)));
+    if waited > facts.route_deadline {
+        let deadline = facts.route_deadline;
+        status::Route::NotAdmitted {
+            message: format!(
+                "Ingress {} has no load-balancer address after {deadline:?}; check that an ingress controller serves its class",
+                ingress.name
+            ),
+        }
+    } else {
+        status::Route::Waiting { ingress: ingress.name.clone() }
+    }
 }
 
 /// The status that shows `record`.
@@ -238,13 +272,19 @@ mod tests {
                 drift: self.drift.as_ref(),
                 policy: &self.policy,
                 poll_interval: Duration::from_secs(2),
+                route_deadline: Duration::from_secs(600),
                 now_ms: NOW,
             }
         }
 
         /// The status shows the current inputs applied and `workload`.
         fn applied_as(mut self, workload: Workload) -> Self {
-            let status = status::applied(2, &self.rendered.fingerprint, &observed(workload), false);
+            let status = status::applied(
+                2,
+                &self.rendered.fingerprint,
+                &observed(workload),
+                &status::Route::None,
+            );
             self.gateway.status = Some(status);
             self
         }

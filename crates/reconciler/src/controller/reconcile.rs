@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use gantry_api::v1::{Gateway, ObjectMeta};
+use gantry_api::v1::Gateway;
 use gantry_core::recovery::Inputs;
 
 use super::action::{Action, Outcome, ReconcileError};
@@ -19,6 +19,7 @@ use super::context::Context;
 use super::plan::{self, plan, Facts, Plan, Report};
 use super::{FINALIZER, RETRY_ANNOTATION};
 use crate::render::render;
+use crate::status;
 use crate::targets::Owner;
 
 /// One pass over one gateway: what to do next, or why it could not
@@ -26,7 +27,7 @@ use crate::targets::Owner;
 pub async fn reconcile(mut gateway: Gateway, ctx: &Context) -> Result<Action, ReconcileError> {
     let meta = gateway.metadata.clone().unwrap_or_default();
     if meta.delete_time.is_some() {
-        return finalize(&meta, ctx).await;
+        return finalize(&gateway, ctx).await;
     }
     if !meta.finalizers.iter().any(|f| f == FINALIZER) {
         let mut finalizers = meta.finalizers.clone();
@@ -60,6 +61,7 @@ pub async fn reconcile(mut gateway: Gateway, ctx: &Context) -> Result<Action, Re
         drift: drift.as_ref(),
         policy: &ctx.settings.policy,
         poll_interval: ctx.poll_interval(),
+        route_deadline: ctx.settings.route_deadline,
         now_ms: ctx.now_ms(),
     };
     let report = match plan(&facts, None) {
@@ -115,13 +117,30 @@ async fn apply(facts: &Facts<'_>, owner: &Owner, ctx: &Context) -> Result<Report
 }
 
 /// A deleted gateway: deletes what it owns, then releases the finalizer.
-async fn finalize(meta: &ObjectMeta, ctx: &Context) -> Result<Action, ReconcileError> {
+/// A cleanup the cluster refuses is shown in status (condition
+/// `CleanupBlocked` with the cluster's reason) and retried with backoff.
+async fn finalize(gateway: &Gateway, ctx: &Context) -> Result<Action, ReconcileError> {
+    let meta = gateway.metadata.clone().unwrap_or_default();
     if !meta.finalizers.iter().any(|f| f == FINALIZER) {
         return Ok(Action::done(Outcome::Unchanged));
     }
-    if !ctx.delete(&Owner::of(meta)).await? {
+    let gone = match ctx.delete(&Owner::of(&meta)).await {
+        Ok(gone) => gone,
+        Err(ReconcileError::Cleanup(e)) => {
+            let current = gateway.status.clone().unwrap_or_default();
+            let blocked =
+                status::cleanup_blocked(&current, e.reason(), &e.to_string(), meta.generation);
+            if status::differs(&current, &blocked) {
+                ctx.write_status(gateway, blocked).await?;
+            }
+            return Err(ReconcileError::Cleanup(e));
+        }
+        Err(e) => return Err(e),
+    };
+    if !gone {
         return Ok(Action::after(Outcome::Deleting, ctx.poll_interval()));
     }
+    let meta = &meta;
     let finalizers: Vec<String> =
         meta.finalizers.iter().filter(|f| *f != FINALIZER).cloned().collect();
     ctx.set_finalizers(meta, finalizers).await?;

@@ -41,9 +41,10 @@ pub enum TargetError {
     #[error("{kind} {name} exists and is not managed by this gateway; rename or remove it, or give gateways their own namespace")]
     NotOurs { kind: String, name: String },
     /// A call was refused or failed: `what` (such as "apply Deployment
-    /// edge") and why.
+    /// edge") and why; `reason` is the API server's (`Forbidden`,
+    /// `Invalid`, ...; empty when it gave none).
     #[error("{what}: {message}")]
-    Call { what: String, message: String },
+    Call { what: String, message: String, reason: String },
     /// A call got no answer within `after`.
     #[error("{}no answer within {after:?}", prefix(what))]
     Timeout { what: String, after: std::time::Duration },
@@ -58,6 +59,21 @@ pub enum TargetError {
     /// Anything else (the directory target's files, a scripted failure).
     #[error("{0}")]
     Other(String),
+}
+
+impl TargetError {
+    /// A one-word reason for a condition: the API server's when it gave
+    /// one.
+    pub fn reason(&self) -> &str {
+        match self {
+            TargetError::Call { reason, .. } if !reason.is_empty() => reason,
+            TargetError::Call { .. } | TargetError::Other(_) => "CallFailed",
+            TargetError::NotOurs { .. } => "NotOwned",
+            TargetError::Timeout { .. } => "Timeout",
+            TargetError::Fenced { .. } => "NotLeader",
+            TargetError::Immutable { .. } => "FieldImmutable",
+        }
+    }
 }
 
 /// `what: `, or nothing when there is no `what`.

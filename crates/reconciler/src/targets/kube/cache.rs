@@ -73,8 +73,8 @@ pub(super) struct Live {
 pub(super) enum Reading {
     /// A Deployment's rollout.
     Rollout(Workload),
-    /// An Ingress' load-balancer address and creation time (Unix seconds).
-    Route { address: Box<str>, created: Option<i64> },
+    /// An Ingress' load-balancer address ("" while there is none).
+    Route { address: Box<str> },
 }
 
 /// Drift of one version of an object from a rendering.
@@ -208,8 +208,7 @@ impl Live {
                         lb["hostname"].as_str().filter(|h| !h.is_empty()).or(lb["ip"].as_str())
                     })
                     .unwrap_or("");
-                let created = metadata.creation_timestamp.as_ref().map(|t| t.0.as_second());
-                Some(Reading::Route { address: address.into(), created })
+                Some(Reading::Route { address: address.into() })
             }
             _ => None,
         };
@@ -630,8 +629,8 @@ mod tests {
         let lb = json!({"loadBalancer": {"ingress": [{"ip": "10.0.0.9"}]}});
         let live =
             Live::of("Ingress", object("Ingress", "edge", 9, json!({"spec": {}, "status": lb})));
-        let Some(Reading::Route { address, created }) = live.reading.as_deref() else { panic!() };
-        assert_eq!((&**address, *created), ("10.0.0.9", Some(1_767_225_600)));
+        let Some(Reading::Route { address }) = live.reading.as_deref() else { panic!() };
+        assert_eq!(&**address, "10.0.0.9");
     }
 
     #[test]

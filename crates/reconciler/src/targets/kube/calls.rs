@@ -32,13 +32,22 @@ pub(super) fn describe(e: &kube::Error) -> String {
     }
 }
 
+/// The error of a call that failed with `e`.
+pub(super) fn call_error(what: &str, e: &kube::Error) -> TargetError {
+    let reason = match e {
+        kube::Error::Api(status) => status.reason.clone(),
+        _ => String::new(),
+    };
+    TargetError::Call { what: what.into(), message: describe(e), reason }
+}
+
 pub(super) async fn bounded<T>(
     what: &str,
     call: impl std::future::Future<Output = Result<T, kube::Error>>,
 ) -> Result<T, TargetError> {
     match tokio::time::timeout(CALL_TIMEOUT, call).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(TargetError::Call { what: what.into(), message: describe(&e) }),
+        Ok(Err(e)) => Err(call_error(what, &e)),
         Err(_) => Err(TargetError::Timeout { what: what.into(), after: CALL_TIMEOUT }),
     }
 }

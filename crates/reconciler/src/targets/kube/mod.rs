@@ -17,7 +17,7 @@
 //!   where server-side apply keeps them are never fought.
 //! - **Observe**: the rollout from the cached Deployment (as `kubectl
 //!   rollout status`); the route from the cached Ingress' load-balancer
-//!   address, with its own deadline.
+//!   address (how long a route may wait for one is the controller's rule).
 //!
 //! Every call has a bounded timeout; only a genuine NotFound counts as
 //! absent.
@@ -44,7 +44,6 @@ use kube::Client;
 use self::cache::{key, track, Cache, Key, Live, Reading};
 use self::calls::{api_resource, bounded, delete_object, not_ours};
 use self::retire::Retiring;
-use self::rollout::with_route;
 use super::{Owner, Target, TargetError};
 use crate::leader::Fence;
 use crate::render::{
@@ -60,9 +59,6 @@ pub struct KubeSettings {
     /// (a watch that missed a change, or resumed on a server that lost the
     /// objects, is corrected within one period).
     pub relist_period: Duration,
-    /// How long a route may wait for a load-balancer address before the
-    /// gateway is DEGRADED.
-    pub route_deadline: Duration,
     /// Replace an object whose immutable field differs for every gateway
     /// (otherwise only for those that opt in).
     pub recreate_on_immutable: bool,
@@ -70,11 +66,7 @@ pub struct KubeSettings {
 
 impl Default for KubeSettings {
     fn default() -> Self {
-        Self {
-            relist_period: Duration::from_secs(300),
-            route_deadline: Duration::from_secs(600),
-            recreate_on_immutable: false,
-        }
+        Self { relist_period: Duration::from_secs(300), recreate_on_immutable: false }
     }
 }
 
@@ -222,22 +214,17 @@ impl KubeTarget {
         Some((found, cache.owns_other_kinds(&owner.uid, &rendered.objects)))
     }
 
-    /// The route's state from the cached Ingress: its address, or how long
-    /// it has waited for one.
-    fn route(&self, name: &str) -> (String, Option<Duration>) {
+    /// The route's load-balancer address from the cached Ingress ("" while
+    /// it has none).
+    fn route(&self, name: &str) -> String {
         let reading =
             self.cache().objects.get(&key("Ingress", name)).and_then(|l| l.reading.clone());
-        let Some(Reading::Route { address, created }) = reading.as_deref() else {
-            return (String::new(), None);
-        };
-        let waited = created.map(|c| {
-            let secs = k8s_openapi::jiff::Timestamp::now().as_second() - c;
-            Duration::from_secs(u64::try_from(secs).unwrap_or(0))
-        });
-        (address.to_string(), waited)
+        match reading.as_deref() {
+            Some(Reading::Route { address }) => address.to_string(),
+            _ => String::new(),
+        }
     }
 }
-/// Whether a Deployment's rollout of its current generation is complete,
 
 #[tonic::async_trait]
 impl Target for KubeTarget {
@@ -291,11 +278,8 @@ impl Target for KubeTarget {
         owner: &Owner,
         rendered: &Rendered,
     ) -> Result<Observation, TargetError> {
-        let ingress = rendered.get("Ingress").map(|i| i.name.as_str());
-        let (route_address, route_waited) = match ingress {
-            Some(name) => self.route(name),
-            None => (String::new(), None),
-        };
+        let route_address =
+            rendered.get("Ingress").map(|i| self.route(&i.name)).unwrap_or_default();
         let Some((found, leftover)) = self.lookup(owner, rendered) else {
             return Ok(Observation {
                 workload: Workload::Progressing {
@@ -347,9 +331,7 @@ impl Target for KubeTarget {
         if self.retirement_due(owner, rendered, &deployment) {
             drift.get_or_insert_with(|| "what an earlier rollout left is to retire".into());
         }
-        let deadline = self.settings.route_deadline;
-        let workload = with_route(deployment, ingress, &route_address, route_waited, deadline);
-        Ok(Observation { workload, route_address, drift })
+        Ok(Observation { workload: deployment, route_address, drift })
     }
 
     async fn delete(&self, owner: &Owner) -> Result<bool, TargetError> {

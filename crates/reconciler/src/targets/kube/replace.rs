@@ -11,7 +11,9 @@ use std::time::Duration;
 use kube::api::{Api, DeleteParams, DynamicObject};
 use serde_json::Value;
 
-use super::calls::{apply_object, bounded, describe, immutable_field, is_immutable_change};
+use super::calls::{
+    apply_object, bounded, call_error, describe, immutable_field, is_immutable_change,
+};
 use super::calls::{is_not_found, CALL_TIMEOUT};
 use super::KubeTarget;
 use crate::targets::{Owner, TargetError};
@@ -30,7 +32,7 @@ impl KubeTarget {
         let what = format!("apply {kind} {name}");
         let refusal = match apply_object(api, kind, name, manifest).await? {
             Err(e) if is_immutable_change(&e) => describe(&e),
-            result => return result.map_err(|e| TargetError::Call { what, message: describe(&e) }),
+            result => return result.map_err(|e| call_error(&what, &e)),
         };
         let field = immutable_field(&refusal);
         if !(owner.recreate || self.settings.recreate_on_immutable) {
@@ -68,7 +70,7 @@ impl KubeTarget {
         wait_gone(api, &delete, name).await?;
         match apply_object(api, kind, name, manifest).await? {
             Ok(applied) => Ok(applied),
-            Err(e) => Err(TargetError::Call { what, message: describe(&e) }),
+            Err(e) => Err(call_error(&what, &e)),
         }
     }
 }

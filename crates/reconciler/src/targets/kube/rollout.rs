@@ -1,12 +1,11 @@
 //! Rollout judging: a Deployment's rollout as `kubectl rollout status`
 //! reads it.
 
-use std::time::Duration;
-
 use k8s_openapi::api::apps::v1::Deployment;
 
 use crate::status::Workload;
 
+/// Whether a Deployment's rollout of its current generation is complete,
 /// in progress, or stalled (kubectl rollout status semantics).
 pub fn rollout(deployment: &Deployment) -> Workload {
     let generation = deployment.metadata.generation.unwrap_or(0);
@@ -50,32 +49,6 @@ pub fn rollout(deployment: &Deployment) -> Workload {
         };
     }
     Workload::Available
-}
-
-/// The gateway's workload once its route is counted: an available rollout
-/// whose Ingress (`ingress`, if rendered) has no load-balancer address yet
-/// is progressing, and stalled once it `waited` past `deadline`.
-pub(super) fn with_route(
-    workload: Workload,
-    ingress: Option<&str>,
-    address: &str,
-    waited: Option<Duration>,
-    deadline: Duration,
-) -> Workload {
-    let Some(name) = ingress else { return workload };
-    if !address.is_empty() || workload != Workload::Available {
-        return workload;
-    }
-    if waited.is_some_and(|w| w > deadline) {
-        Workload::Stalled {
-            reason: crate::status::ROUTE_NOT_ADMITTED.into(),
-            message: format!(
-                "Ingress {name} has no load-balancer address after {deadline:?}; check that an ingress controller serves its class"
-            ),
-        }
-    } else {
-        Workload::Progressing { message: format!("waiting for an address on Ingress {name}") }
-    }
 }
 
 #[cfg(test)]
