@@ -328,6 +328,25 @@ mod tests {
     }
 
     #[test]
+    fn the_reconciler_writes_every_status_field_of_the_api() {
+        use prost::Message;
+        let set = prost_types::FileDescriptorSet::decode(gantry_api::v1::FILE_DESCRIPTOR_SET)
+            .expect("the API's descriptor");
+        let status = set
+            .file
+            .iter()
+            .flat_map(|f| &f.message_type)
+            .find(|m| m.name() == "GatewayStatus")
+            .expect("GatewayStatus");
+        let mut described: Vec<String> =
+            status.field.iter().map(|f| format!("status.{}", f.name())).collect();
+        let mut written: Vec<String> = STATUS_PATHS.iter().map(|p| p.to_string()).collect();
+        described.sort();
+        written.sort();
+        assert_eq!(written, described, "a status field the reconciler's writes would drop");
+    }
+
+    #[test]
     fn phases_follow_the_workload() {
         let running = applied(3, "fp", &observation(Workload::Available), &Route::None);
         assert_eq!((running.phase(), running.observed_generation), (Phase::Running, 3));
