@@ -294,12 +294,29 @@ fn every_overlay_renders_to_strictly_valid_consistent_objects() {
         let objects = kustomize(&kubectl, overlay);
         check_overlay(overlay, &objects);
     }
+    // A SQLite store (its file on a ReadWriteOnce volume) has one writer:
+    // a rollout stops the old pod before the new one opens the file.
+    let mut sqlite = 0;
+    for overlay in OVERLAYS {
+        let objects = kustomize(&kubectl, overlay);
+        let store = objects
+            .iter()
+            .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "gateway-store")
+            .unwrap();
+        if objects.iter().any(|o| o["kind"] == "PersistentVolumeClaim") {
+            assert_eq!(store["spec"]["strategy"]["type"], "Recreate", "{overlay}");
+            assert_eq!(store["spec"]["replicas"], 1, "{overlay}");
+            sqlite += 1;
+        }
+    }
+    assert_eq!(sqlite, 1, "dev keeps the SQLite store (ha is on postgres)");
     let postgres = kustomize(&kubectl, "postgres");
     let store = postgres
         .iter()
         .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "gateway-store")
         .unwrap();
     assert_eq!(store["spec"]["replicas"], 2);
+    assert_eq!(store["spec"]["strategy"]["type"], "RollingUpdate");
     assert!(!postgres.iter().any(|o| o["kind"] == "PersistentVolumeClaim"));
     let ha = kustomize(&kubectl, "ha");
     let reconciler = ha
