@@ -99,7 +99,7 @@ fn settings() -> Settings {
         concurrency: 4,
         sync_period: Duration::from_secs(2),
         poll_interval: Duration::from_millis(100),
-        route_deadline: Duration::from_secs(600),
+        ..Settings::default()
     }
 }
 
@@ -575,5 +575,87 @@ async fn objects_lost_behind_the_watches_back_are_restored_within_one_sync_perio
     for name in names {
         rig.wait_running(name).await;
     }
+    rig.stop().await;
+}
+
+/// Every server-side apply takes 400 ms (a slow but healthy API server).
+fn slow_applies(kube: &KubeFake) {
+    kube.inject(FaultRule {
+        verb: Some("apply".into()),
+        resource: None,
+        action: FaultAction::Latency(Duration::from_millis(400)),
+        rate: 1.0,
+        remaining: None,
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_healthy_apply_is_no_failure_and_a_call_past_its_timeout_is() {
+    // Within --call-timeout each call is healthy: seconds for the whole
+    // apply are no failure.
+    let patient = KubeSettings { call_timeout: Duration::from_secs(3), ..KubeSettings::default() };
+    let rig = Rig::start_full(settings(), patient).await;
+    slow_applies(&rig.kube);
+    rig.create_spec("slow", spec("ghcr.io/acme/gw:1")).await;
+    let g = rig.wait_running("slow").await;
+    assert_eq!(g.status.unwrap().failure_count, 0, "a slow apply counted as a failure");
+    rig.stop().await;
+
+    // A call past --call-timeout fails the apply, and says so.
+    let hasty =
+        KubeSettings { call_timeout: Duration::from_millis(100), ..KubeSettings::default() };
+    let rig = Rig::start_full(settings(), hasty).await;
+    slow_applies(&rig.kube);
+    rig.create_spec("slow", spec("ghcr.io/acme/gw:1")).await;
+    let g = rig
+        .wait_for("slow", "a failure for the timeout", |g| {
+            g.status.as_ref().is_some_and(|s| s.failure_count >= 1)
+        })
+        .await;
+    let message = g.status.unwrap().message;
+    assert!(message.contains("no answer within 100ms"), "{message}");
+    rig.stop().await;
+}
+
+/// The uid label of the Deployment `name`, if there is one.
+async fn deployment_owner(rig: &Rig, name: &str) -> Option<String> {
+    let deployment = rig.deployments().get_opt(name).await.unwrap()?;
+    deployment.metadata.labels?.get("gantry.dev/gateway-uid").cloned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_deleted_and_made_again_under_its_name_gets_objects_of_its_own() {
+    let rig = Rig::start().await;
+    let first = rig.create_spec("edge", spec("ghcr.io/acme/gw:1")).await;
+    let first_uid = meta(&first).uid.clone();
+    rig.wait_running("edge").await;
+    assert_eq!(deployment_owner(&rig, "edge").await.as_deref(), Some(first_uid.as_str()));
+
+    rig.delete("edge").await;
+    eventually(PATIENCE, "the first edge gone from the store", || async {
+        rig.get("edge").await.is_err()
+    })
+    .await;
+    // Its objects went before its finalizer did.
+    assert_eq!(deployment_owner(&rig, "edge").await, None);
+    let second = rig.create_spec("edge", spec("ghcr.io/acme/gw:2")).await;
+    let second_uid = meta(&second).uid.clone();
+    assert_ne!(second_uid, first_uid);
+    rig.wait_running("edge").await;
+    assert_eq!(deployment_owner(&rig, "edge").await.as_deref(), Some(second_uid.as_str()));
+    let image = rig
+        .deployments()
+        .get("edge")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
+        .containers[0]
+        .image
+        .clone();
+    assert_eq!(image.as_deref(), Some("ghcr.io/acme/gw:2"));
     rig.stop().await;
 }

@@ -82,6 +82,24 @@ async fn pods_roll_for_what_they_consume_and_nothing_else() {
     let deployment = rig.json(&["get", "deployment", "edge"]);
     let volumes = &deployment["spec"]["template"]["spec"]["volumes"];
     assert_eq!(volumes[0]["configMap"]["name"], config["metadata"]["name"]);
+
+    // Checking the converged routed gateway costs no request: three passes
+    // (each a label written to the store) read only the watches' caches.
+    let requests = |rig: &ClusterRig| {
+        rig.reconciler_requests()
+            .into_iter()
+            .filter(|e| !matches!(e["verb"].as_str(), Some("watch" | "list")))
+            .count()
+    };
+    let before = requests(&rig);
+    for round in 0..3 {
+        let passes = rig.passes();
+        let mut g = rig.get("edge").await.unwrap();
+        g.metadata.as_mut().unwrap().labels.insert("round".into(), round.to_string());
+        rig.update(g, &["metadata.labels"]).await;
+        rig.wait_passes_after(passes, 1);
+    }
+    assert_eq!(requests(&rig), before, "a converged routed gateway cost requests");
 }
 
 fn step(g: &Gateway, name: &str) -> StepState {

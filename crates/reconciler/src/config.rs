@@ -173,6 +173,17 @@ pub struct LoopArgs {
     /// First backoff after a failed apply (it doubles per attempt).
     #[arg(long, env = "GANTRY_RETRY_BACKOFF", default_value = "1s", value_parser = parse_duration)]
     pub retry_backoff: Duration,
+
+    /// Longest one call to the cluster may take; a call that takes longer
+    /// fails the apply (and counts against its budget).
+    #[arg(long, env = "GANTRY_CALL_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
+    pub call_timeout: Duration,
+
+    /// Longest the apply (or the cleanup) of one gateway may take as a
+    /// whole, however healthy each call: a backstop above --call-timeout
+    /// times the calls of one apply (about a dozen).
+    #[arg(long, env = "GANTRY_APPLY_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
+    pub apply_timeout: Duration,
 }
 
 /// Leader election among replicas.
@@ -230,6 +241,8 @@ impl Config {
         at_least("--sync-period", self.control.sync_period, Duration::from_secs(1))?;
         at_least("--poll-interval", self.control.poll_interval, Duration::from_millis(50))?;
         at_least("--failed-retry-floor", self.control.failed_retry_floor, Duration::from_secs(1))?;
+        at_least("--call-timeout", self.control.call_timeout, Duration::from_millis(100))?;
+        at_least("--apply-timeout", self.control.apply_timeout, self.control.call_timeout)?;
         at_least("--retry-backoff", self.control.retry_backoff, Duration::from_millis(10))?;
         at_least("--route-deadline", self.render.route_deadline, Duration::from_secs(1))?;
         at_least("--lease-duration", self.leader.lease_duration, Duration::from_secs(2))?;

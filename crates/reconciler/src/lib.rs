@@ -87,6 +87,7 @@ pub fn settings(config: &Config) -> Settings {
         sync_period: config.control.sync_period,
         poll_interval: config.control.poll_interval,
         route_deadline: config.render.route_deadline,
+        apply_timeout: config.control.apply_timeout,
     }
 }
 
@@ -149,6 +150,7 @@ pub async fn run(
             let settings = KubeSettings {
                 relist_period: config.control.sync_period,
                 recreate_on_immutable: config.manifests.recreate_on_immutable,
+                call_timeout: config.control.call_timeout,
             };
             let target = KubeTarget::with_settings(
                 client.clone(),

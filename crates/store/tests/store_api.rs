@@ -1051,7 +1051,37 @@ async fn a_respelled_quantity_keeps_generation_and_what_was_written(store: &Test
     assert_eq!(meta(&more).generation, 2);
 }
 
+/// A write that changes the spec and sets `observed_generation` (an admin
+/// may do both) is range-checked against the generation it makes; a
+/// status write that names only the phase keeps `observed_generation`.
+async fn the_range_check_sees_its_own_write_and_a_phase_write_keeps_observed(store: &TestStore) {
+    let mut editor = store.client(EDITOR).await;
+    let mut admin = store.client(ADMIN).await;
+    let mut reconciler = store.client(RECONCILER).await;
+    create(&mut editor, gateway("edge", "gw:1")).await;
+    let both = |image: &str, observed: i64| {
+        let mut g = gateway("edge", image);
+        g.status = status_write("edge", 0, observed, vec![]).status;
+        g
+    };
+    let paths = ["spec", "status.observed_generation"];
+    let g = update(&mut admin, both("gw:2", 2), &paths).await.unwrap();
+    assert_eq!((meta(&g).generation, g.status.as_ref().unwrap().observed_generation), (2, 2));
+    let err = update(&mut admin, both("gw:3", 4), &paths).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert_eq!(field_of(&err).as_deref(), Some("gateway.status.observed_generation"));
+    assert_eq!(meta(&get(&mut admin, "edge").await.unwrap()).generation, 2, "nothing written");
+
+    let mut phase = status_write("edge", 0, 0, vec![]);
+    phase.status.as_mut().unwrap().phase = Phase::Running as i32;
+    let g = update(&mut reconciler, phase, &["status.phase"]).await.unwrap();
+    let status = g.status.unwrap();
+    assert_eq!((status.phase(), status.observed_generation), (Phase::Running, 2));
+    assert_eq!(store.raw_generations("edge").await, Some((2, 2)));
+}
+
 on_both_backends!(
+    the_range_check_sees_its_own_write_and_a_phase_write_keeps_observed,
     a_respelled_quantity_keeps_generation_and_what_was_written,
     validate_only_runs_every_rule_and_stores_nothing,
     dry_runs_racing_real_writes_spend_nothing,

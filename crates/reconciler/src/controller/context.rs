@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use super::action::ReconcileError;
 use super::plan::DriftRecord;
 use super::state::{name_of, rv_of, State};
-use super::{Settings, STORE_TIMEOUT, TARGET_TIMEOUT};
+use super::{Settings, STORE_TIMEOUT};
 use crate::render::Rendered;
 use crate::status::{Observation, STATUS_PATHS};
 use crate::store::{GatewayStore, StoreError};
@@ -161,24 +161,25 @@ impl Context {
         rendered: &Rendered,
     ) -> Result<(), TargetError> {
         let started = std::time::Instant::now();
-        let applied =
-            tokio::time::timeout(TARGET_TIMEOUT, self.target.apply(owner, rendered)).await;
+        let timeout = self.settings.apply_timeout;
+        let applied = tokio::time::timeout(timeout, self.target.apply(owner, rendered)).await;
         self.state.metrics.stage("apply", started);
         match applied {
             Ok(r) => r,
-            Err(_) => Err(TargetError::Timeout { what: "apply".into(), after: TARGET_TIMEOUT }),
+            Err(_) => Err(TargetError::Timeout { what: "apply".into(), after: timeout }),
         }
     }
 
     /// Deletes what the gateway owns; `true` once it is all gone.
     pub(super) async fn delete(&self, owner: &Owner) -> Result<bool, ReconcileError> {
-        match tokio::time::timeout(TARGET_TIMEOUT, self.target.delete(owner)).await {
+        let timeout = self.settings.apply_timeout;
+        match tokio::time::timeout(timeout, self.target.delete(owner)).await {
             Ok(Ok(gone)) => Ok(gone),
             Ok(Err(e)) if !self.target.may_write() => Err(ReconcileError::NotLeader(e)),
             Ok(Err(e)) => Err(ReconcileError::Cleanup(e)),
             Err(_) => Err(ReconcileError::Cleanup(TargetError::Timeout {
                 what: String::new(),
-                after: TARGET_TIMEOUT,
+                after: timeout,
             })),
         }
     }

@@ -44,8 +44,6 @@ pub const FINALIZER: &str = "gantry.dev/reconciler";
 pub const RETRY_ANNOTATION: &str = "gantry.dev/retry-requested-at";
 /// Longest a call to the store may take.
 pub const STORE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest an apply or a cleanup of one gateway may take.
-pub const TARGET_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How the control loop behaves.
 #[derive(Debug, Clone)]
@@ -62,6 +60,8 @@ pub struct Settings {
     /// when the reconciler first saw it waiting (the route condition's
     /// transition time), before the gateway is DEGRADED.
     pub route_deadline: Duration,
+    /// Longest an apply or a cleanup of one gateway may take as a whole.
+    pub apply_timeout: Duration,
 }
 
 impl Default for Settings {
@@ -73,6 +73,7 @@ impl Default for Settings {
             sync_period: Duration::from_secs(300),
             poll_interval: Duration::from_secs(2),
             route_deadline: Duration::from_secs(600),
+            apply_timeout: Duration::from_secs(300),
         }
     }
 }

@@ -699,3 +699,29 @@ async fn a_drift_every_repair_leaves_is_reported_after_its_budget_and_then_costs
     .await;
     running.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_apply_names_its_reason_while_retrying_and_once_the_budget_is_spent() {
+    let (store, target) = (MemoryStore::default(), Arc::new(ScriptedTarget::default()));
+    target.fail_with(Some("refused by the API server"));
+    let running = Running::start(&store, &target);
+    create(&store, Gateway::test("edge"));
+    let reason = |store: &MemoryStore, kind: &str| {
+        let s = status(store, kind.split(':').next().unwrap());
+        let kind = kind.split(':').nth(1).unwrap();
+        s.conditions.iter().find(|c| c.r#type == kind).map(|c| (c.status(), c.reason.clone()))
+    };
+    until(MINUTE, "one failure shown", || status(&store, "edge").failure_count == 1).await;
+    assert_eq!(
+        reason(&store, "edge:Reconciling"),
+        Some((ConditionStatus::True, "ApplyFailed".to_string())),
+        "retrying"
+    );
+    assert_eq!(reason(&store, "edge:Ready").map(|r| r.1).as_deref(), Some("ApplyFailed"));
+    until(MINUTE, "FAILED", || is_failed(&store, "edge")).await;
+    assert_eq!(
+        reason(&store, "edge:Stalled"),
+        Some((ConditionStatus::True, "RetryBudgetExhausted".to_string()))
+    );
+    running.stop().await;
+}

@@ -1,5 +1,6 @@
-//! Calls to the API server: each bounded by [`CALL_TIMEOUT`], errors
-//! described for status, only a genuine NotFound taken as absent.
+//! Calls to the API server: each bounded by the call timeout
+//! (`--call-timeout`, [`CALL_TIMEOUT`] by default), errors described for
+//! status, only a genuine NotFound taken as absent.
 
 use std::time::Duration;
 
@@ -11,7 +12,7 @@ use serde_json::Value;
 use crate::render::FIELD_MANAGER;
 use crate::targets::TargetError;
 
-/// Longest any single call to the cluster may take.
+/// Longest any single call to the cluster may take, by default.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(15);
 
 pub(super) fn api_resource(api_version: &str, kind: &str) -> ApiResource {
@@ -42,13 +43,14 @@ pub(super) fn call_error(what: &str, e: &kube::Error) -> TargetError {
 }
 
 pub(super) async fn bounded<T>(
+    timeout: Duration,
     what: &str,
     call: impl std::future::Future<Output = Result<T, kube::Error>>,
 ) -> Result<T, TargetError> {
-    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+    match tokio::time::timeout(timeout, call).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(call_error(what, &e)),
-        Err(_) => Err(TargetError::Timeout { what: what.into(), after: CALL_TIMEOUT }),
+        Err(_) => Err(TargetError::Timeout { what: what.into(), after: timeout }),
     }
 }
 
@@ -58,6 +60,7 @@ pub(super) fn is_not_found(e: &kube::Error) -> bool {
 
 /// Deletes one owned object (background propagation); already gone is fine.
 pub(super) async fn delete_object(
+    timeout: Duration,
     api: &Api<DynamicObject>,
     what: &str,
     name: &str,
@@ -68,7 +71,7 @@ pub(super) async fn delete_object(
             other => other.map(|_| ()),
         }
     };
-    bounded(what, call).await
+    bounded(timeout, what, call).await
 }
 
 /// Whether the API server refused a change to a field that cannot change
@@ -80,18 +83,16 @@ pub(super) fn is_immutable_change(e: &kube::Error) -> bool {
 /// Server-side applies `manifest` (forced: the object is ours, checked
 /// before); the API server's error as it came, for the caller to judge.
 pub(super) async fn apply_object(
+    timeout: Duration,
     api: &Api<DynamicObject>,
     kind: &str,
     name: &str,
     manifest: &Value,
 ) -> Result<Result<DynamicObject, kube::Error>, TargetError> {
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    tokio::time::timeout(CALL_TIMEOUT, api.patch(name, &params, &Patch::Apply(manifest)))
+    tokio::time::timeout(timeout, api.patch(name, &params, &Patch::Apply(manifest)))
         .await
-        .map_err(|_| TargetError::Timeout {
-            what: format!("apply {kind} {name}"),
-            after: CALL_TIMEOUT,
-        })
+        .map_err(|_| TargetError::Timeout { what: format!("apply {kind} {name}"), after: timeout })
 }
 
 /// The path of the immutable field a refusal names (`spec.selector` in

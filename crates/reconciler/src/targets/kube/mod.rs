@@ -62,11 +62,17 @@ pub struct KubeSettings {
     /// Replace an object whose immutable field differs for every gateway
     /// (otherwise only for those that opt in).
     pub recreate_on_immutable: bool,
+    /// Longest one call to the cluster may take.
+    pub call_timeout: Duration,
 }
 
 impl Default for KubeSettings {
     fn default() -> Self {
-        Self { relist_period: Duration::from_secs(300), recreate_on_immutable: false }
+        Self {
+            relist_period: Duration::from_secs(300),
+            recreate_on_immutable: false,
+            call_timeout: CALL_TIMEOUT,
+        }
     }
 }
 
@@ -159,7 +165,9 @@ impl KubeTarget {
         let uid = match cached {
             Some(uid) => uid,
             None => {
-                let live = bounded(&format!("get {kind} {name}"), api.get_opt(name)).await?;
+                let timeout = self.settings.call_timeout;
+                let live =
+                    bounded(timeout, &format!("get {kind} {name}"), api.get_opt(name)).await?;
                 match live {
                     None => return Ok(()),
                     Some(o) => o.metadata.labels.and_then(|l| l.get(LABEL_GATEWAY_UID).cloned()),
@@ -181,7 +189,9 @@ impl KubeTarget {
         kind: &str,
     ) -> Result<Vec<DynamicObject>, TargetError> {
         let params = ListParams::default().labels(&owned_selector(&owner.uid));
-        Ok(bounded(&format!("list {kind}"), api.list(&params)).await?.items)
+        Ok(bounded(self.settings.call_timeout, &format!("list {kind}"), api.list(&params))
+            .await?
+            .items)
     }
 
     /// The cached copy of each rendered object (with whether it is still
@@ -266,7 +276,8 @@ impl Target for KubeTarget {
             for object in self.owned(&api, owner, kind).await? {
                 let name = object.metadata.name.unwrap_or_default();
                 let what = format!("prune {kind} {name}");
-                self.fenced(&what, delete_object(&api, &what, &name)).await?;
+                self.fenced(&what, delete_object(self.settings.call_timeout, &api, &what, &name))
+                    .await?;
                 tracing::info!(gateway = owner.name, kind, name, "pruned");
             }
         }
@@ -348,7 +359,8 @@ impl Target for KubeTarget {
                 }
                 let name = object.metadata.name.unwrap_or_default();
                 let what = format!("delete {kind} {name}");
-                self.fenced(&what, delete_object(&api, &what, &name)).await?;
+                self.fenced(&what, delete_object(self.settings.call_timeout, &api, &what, &name))
+                    .await?;
             }
         }
         Ok(gone)
@@ -358,7 +370,8 @@ impl Target for KubeTarget {
         let config = watcher::Config::default().labels(&format!("{LABEL_MANAGED_BY}={MANAGED_BY}"));
         let (tx, rx) = tokio::sync::mpsc::channel::<String>(1024);
         let period = self.settings.relist_period;
-        tokio::spawn(self.retiring.clone().find_owned(self.api("apps/v1", "ReplicaSet")));
+        let replica_sets = self.api("apps/v1", "ReplicaSet");
+        tokio::spawn(self.retiring.clone().find_owned(replica_sets, self.settings.call_timeout));
         for (i, (api_version, kind)) in OWNED_KINDS.iter().enumerate() {
             let api = self.api(api_version, kind);
             let (cache, config, tx) = (self.cache.clone(), config.clone(), tx.clone());

@@ -11,10 +11,10 @@ use std::time::Duration;
 use kube::api::{Api, DeleteParams, DynamicObject};
 use serde_json::Value;
 
+use super::calls::is_not_found;
 use super::calls::{
     apply_object, bounded, call_error, describe, immutable_field, is_immutable_change,
 };
-use super::calls::{is_not_found, CALL_TIMEOUT};
 use super::KubeTarget;
 use crate::targets::{Owner, TargetError};
 
@@ -30,10 +30,11 @@ impl KubeTarget {
         owner: &Owner,
     ) -> Result<DynamicObject, TargetError> {
         let what = format!("apply {kind} {name}");
-        let refusal = match apply_object(api, kind, name, manifest).await? {
-            Err(e) if is_immutable_change(&e) => describe(&e),
-            result => return result.map_err(|e| call_error(&what, &e)),
-        };
+        let refusal =
+            match apply_object(self.settings.call_timeout, api, kind, name, manifest).await? {
+                Err(e) if is_immutable_change(&e) => describe(&e),
+                result => return result.map_err(|e| call_error(&what, &e)),
+            };
         let field = immutable_field(&refusal);
         if !(owner.recreate || self.settings.recreate_on_immutable) {
             return Err(TargetError::Immutable {
@@ -61,14 +62,14 @@ impl KubeTarget {
                 other => other.map(|_| ()),
             }
         };
-        self.fenced(&delete, bounded(&delete, call)).await?;
+        self.fenced(&delete, bounded(self.settings.call_timeout, &delete, call)).await?;
         if orphan {
             self.retiring.insert(&owner.uid);
         }
         // Orphaning finishes when the garbage collector has released the
         // dependents; the name is free only then.
-        wait_gone(api, &delete, name).await?;
-        match apply_object(api, kind, name, manifest).await? {
+        wait_gone(self.settings.call_timeout, api, &delete, name).await?;
+        match apply_object(self.settings.call_timeout, api, kind, name, manifest).await? {
             Ok(applied) => Ok(applied),
             Err(e) => Err(call_error(&what, &e)),
         }
@@ -76,13 +77,18 @@ impl KubeTarget {
 }
 
 /// Waits until `name` is gone (bounded).
-async fn wait_gone(api: &Api<DynamicObject>, what: &str, name: &str) -> Result<(), TargetError> {
+async fn wait_gone(
+    timeout: Duration,
+    api: &Api<DynamicObject>,
+    what: &str,
+    name: &str,
+) -> Result<(), TargetError> {
     let started = tokio::time::Instant::now();
-    while bounded(what, api.get_opt(name)).await?.is_some() {
-        if started.elapsed() > CALL_TIMEOUT {
+    while bounded(timeout, what, api.get_opt(name)).await?.is_some() {
+        if started.elapsed() > timeout {
             return Err(TargetError::Timeout {
                 what: format!("{what}: still there"),
-                after: CALL_TIMEOUT,
+                after: timeout,
             });
         }
         tokio::time::sleep(Duration::from_millis(100)).await;

@@ -8,6 +8,7 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use kube::api::{Api, DynamicObject, ListParams};
 
@@ -37,9 +38,9 @@ impl Retiring {
 
     /// Finds the ReplicaSets without an owner that carry a gateway's uid (a
     /// replacement a restart interrupted), once at start.
-    pub(super) async fn find_owned(self, api: Api<DynamicObject>) {
+    pub(super) async fn find_owned(self, api: Api<DynamicObject>, timeout: Duration) {
         let params = ListParams::default().labels(LABEL_GATEWAY_UID);
-        match bounded("list ReplicaSet", api.list(&params)).await {
+        match bounded(timeout, "list ReplicaSet", api.list(&params)).await {
             Ok(list) => {
                 let mut retiring = self.lock();
                 for rs in list.items.iter().filter(|rs| orphaned(rs)) {
@@ -79,7 +80,11 @@ impl KubeTarget {
                 let name = config.metadata.name.unwrap_or_default();
                 if Some(name.as_str()) != current {
                     let what = format!("retire ConfigMap {name}");
-                    self.fenced(&what, delete_object(&api, &what, &name)).await?;
+                    self.fenced(
+                        &what,
+                        delete_object(self.settings.call_timeout, &api, &what, &name),
+                    )
+                    .await?;
                     tracing::info!(
                         gateway = owner.name,
                         configmap = name,
@@ -91,11 +96,13 @@ impl KubeTarget {
         if self.retiring.contains(&owner.uid) {
             let api = self.api("apps/v1", "ReplicaSet");
             let params = ListParams::default().labels(&owned_selector(&owner.uid));
-            let sets = bounded("list ReplicaSet", api.list(&params)).await?.items;
+            let timeout = self.settings.call_timeout;
+            let sets = bounded(timeout, "list ReplicaSet", api.list(&params)).await?.items;
             for rs in sets.iter().filter(|rs| orphaned(rs)) {
                 let name = rs.metadata.name.clone().unwrap_or_default();
                 let what = format!("retire ReplicaSet {name}");
-                self.fenced(&what, delete_object(&api, &what, &name)).await?;
+                self.fenced(&what, delete_object(self.settings.call_timeout, &api, &what, &name))
+                    .await?;
                 tracing::info!(
                     gateway = owner.name,
                     replicaset = name,
