@@ -101,7 +101,7 @@ async fn lifecycle(mut rig: Rig) {
     let g = rig.wait_running("edge", 1).await;
     let status = g.status.unwrap();
     let ready = status.conditions.iter().find(|c| c.r#type == "Ready").unwrap();
-    assert_eq!(ready.status(), ConditionStatus::True);
+    assert_eq!((ready.status(), ready.reason.as_str()), (ConditionStatus::True, "RolloutComplete"));
     let config_name = rig.config_map_name("edge");
     assert_eq!(
         rig.objects(OWNED),

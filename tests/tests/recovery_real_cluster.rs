@@ -471,3 +471,22 @@ async fn a_drift_every_repair_leaves_is_reported_and_then_costs_no_write() {
     let repairs = rig.reconcilers[0].logs().matches("owned objects drifted; repairing").count();
     assert_eq!(repairs, 6, "a fresh budget for the new generation");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubeconfig_is_found_as_kubectl_finds_it_with_several_paths_merged() {
+    let Some(mut rig) = ClusterRig::start("kubeconfig") else { return };
+    // The reconciler's kubeconfig in two files, each useless alone: the
+    // context in one, the cluster and the user in the other.
+    let whole = std::fs::read_to_string(&rig.plane.reconciler_kubeconfig).unwrap();
+    let (head, contexts) = whole.split_at(whole.find("contexts:").unwrap());
+    let header = "apiVersion: v1\nkind: Config\n";
+    let body = head.strip_prefix(header).unwrap();
+    let (context_file, cluster_file) = (rig.dir.join("context.yaml"), rig.dir.join("cluster.yaml"));
+    std::fs::write(&context_file, format!("{header}{contexts}")).unwrap();
+    std::fs::write(&cluster_file, format!("{header}{body}")).unwrap();
+    let kubeconfig = format!("{}:{}", context_file.display(), cluster_file.display());
+    rig.reconciler_with_env(&[], &[("KUBECONFIG", kubeconfig.as_str())]);
+    rig.create_spec("edge", spec("1")).await;
+    rig.wait_running("edge", 1).await;
+    assert_eq!(deployed_image(&rig, "edge"), "ghcr.io/acme/gateway:1");
+}

@@ -44,8 +44,9 @@ struct Args {
     /// Directory for --target directory.
     #[arg(long, env = "GANTRY_DIRECTORY", default_value = "gantry-manifests")]
     directory: PathBuf,
-    /// Kubeconfig for --target kube (default: the usual kubeconfig).
-    #[arg(long, env = "KUBECONFIG")]
+    /// Kubeconfig for --target kube: only this file (default: $KUBECONFIG,
+    /// several paths merged, or ~/.kube/config).
+    #[arg(long, env = "GANTRY_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
     /// Namespace for --target kube.
     #[arg(long, env = "GANTRY_NAMESPACE", default_value = "default")]

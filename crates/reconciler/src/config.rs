@@ -76,9 +76,11 @@ pub struct TargetArgs {
     #[arg(long, env = "GANTRY_TARGET", value_enum, default_value_t = TargetKind::Directory)]
     pub target: TargetKind,
 
-    /// Kubeconfig for --target kube (default: in-cluster config, then the
-    /// usual kubeconfig).
-    #[arg(long, env = "KUBECONFIG")]
+    /// Kubeconfig for --target kube and --leader-elect: only this file, as
+    /// kubectl's --kubeconfig. Without it: $KUBECONFIG (several paths,
+    /// merged by kubectl's rules) or ~/.kube/config, and when there is
+    /// none, the pod's service account (in-cluster).
+    #[arg(long, env = "GANTRY_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
 
     /// Namespace the gateways' objects live in. Give gateways a namespace of

@@ -57,7 +57,14 @@ impl ClusterRig {
 
     /// Starts a reconciler process as the reconciler's identity.
     pub fn reconciler(&mut self, extra: &[&str]) {
+        self.reconciler_with_env(extra, &[]);
+    }
+
+    /// As [`ClusterRig::reconciler`], with environment variables; with
+    /// `KUBECONFIG` among them, no `--kubeconfig` is given.
+    pub fn reconciler_with_env(&mut self, extra: &[&str], env: &[(&str, &str)]) {
         let kubeconfig = self.plane.reconciler_kubeconfig.display().to_string();
+        let by_env = env.iter().any(|(k, _)| *k == "KUBECONFIG");
         let defaults = [
             ("--target", "kube"),
             ("--kubeconfig", kubeconfig.as_str()),
@@ -69,12 +76,13 @@ impl ClusterRig {
         ];
         let mut args: Vec<&str> = Vec::new();
         for (flag, value) in defaults {
-            if !extra.contains(&flag) {
+            let skipped = extra.contains(&flag) || (by_env && flag == "--kubeconfig");
+            if !skipped {
                 args.extend([flag, value]);
             }
         }
         args.extend_from_slice(extra);
-        let process = ReconcilerProcess::start(&self.store.endpoint(), &args);
+        let process = ReconcilerProcess::start_with_env(&self.store.endpoint(), &args, env);
         self.reconcilers.push(process);
     }
 

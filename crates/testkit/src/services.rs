@@ -191,8 +191,21 @@ impl ReconcilerProcess {
         })
     }
 
+    /// As [`ReconcilerProcess::start`], with more environment variables.
+    pub fn start_with_env(store: &str, extra: &[&str], env: &[(&str, &str)]) -> ReconcilerProcess {
+        with_fresh_ports("gateway-reconciler", || {
+            let mut reconciler = Self::launch_with_env(store, extra, env);
+            let up = wait_up(&mut reconciler.process, reconciler.http, "/readyz", true).map(drop);
+            (reconciler, up)
+        })
+    }
+
     /// As [`ReconcilerProcess::start`], without waiting for it to be ready.
     pub fn launch(store: &str, extra: &[&str]) -> ReconcilerProcess {
+        Self::launch_with_env(store, extra, &[])
+    }
+
+    fn launch_with_env(store: &str, extra: &[&str], env: &[(&str, &str)]) -> ReconcilerProcess {
         let http = free_port();
         let mut args: Vec<String> = vec![
             "--store".into(),
@@ -206,6 +219,9 @@ impl ReconcilerProcess {
         let log = std::env::temp_dir().join(format!("gantry-e2e-reconciler-{http}.log"));
         let mut process =
             Process::new(binary("gateway-reconciler"), args).log_to(&log).env("GANTRY_LOG", "info");
+        for (key, value) in env {
+            process = process.env(key, value);
+        }
         process.spawn().expect("start gateway-reconciler");
         ReconcilerProcess { process, http, log }
     }

@@ -337,7 +337,10 @@ mod tests {
         let moving = Workload::Progressing { message: "1 of 2 updated".into() };
         let report = reported(plan(&case.facts(), Some(&observed(moving))));
         assert_eq!(report.action, Action::after(Outcome::Observed, Duration::from_secs(2)));
-        assert_eq!(report.status.expect("a status write").phase(), Phase::Provisioning);
+        let status = report.status.expect("a status write");
+        assert_eq!(status.phase(), Phase::Provisioning);
+        let reconciling = status.conditions.iter().find(|c| c.r#type == "Reconciling").unwrap();
+        assert_eq!(reconciling.reason, "RolloutInProgress");
     }
 
     #[test]
