@@ -9,10 +9,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gantry_api::v1::{Gateway, GatewayStatus, ObjectMeta};
 use gantry_core::recovery::{Attempts, Inputs};
-use prost_types::Timestamp;
 use tokio::time::Instant;
 
 use super::action::ReconcileError;
+use super::clock::timestamp_ms;
 use super::plan::DriftRecord;
 use super::state::{name_of, rv_of, State};
 use super::{Settings, STORE_TIMEOUT};
@@ -32,20 +32,6 @@ pub struct Context {
     /// reading them through tokio's clock lets tests pause time).
     wall_start_ms: u64,
     started: Instant,
-}
-
-pub(super) fn timestamp_ms(t: Option<&Timestamp>) -> u64 {
-    t.map_or(0, |t| {
-        let ms = t.seconds.saturating_mul(1000).saturating_add(i64::from(t.nanos / 1_000_000));
-        u64::try_from(ms).unwrap_or(0)
-    })
-}
-
-pub(super) fn ms_timestamp(ms: u64) -> Timestamp {
-    Timestamp {
-        seconds: i64::try_from(ms / 1000).unwrap_or(i64::MAX),
-        nanos: i32::try_from((ms % 1000) * 1_000_000).unwrap_or(0),
-    }
 }
 
 impl Context {

@@ -16,6 +16,7 @@
 //! [`Controller`] ties them together for the binary and the tests.
 
 mod action;
+mod clock;
 mod context;
 mod plan;
 mod reconcile;

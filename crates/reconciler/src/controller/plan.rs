@@ -11,7 +11,7 @@ use gantry_core::recovery::{Attempts, Decision, Inputs, RecoveryPolicy};
 use gantry_core::status::{printable, shorten, MAX_TEXT_BYTES};
 
 use super::action::{Action, Outcome};
-use super::context::{ms_timestamp, timestamp_ms};
+use super::clock::{ms_timestamp, timestamp_ms};
 use crate::render::Rendered;
 use crate::status::{self, Observation, Workload};
 

@@ -19,7 +19,7 @@ use gantry_core::retry::Backoff;
 use gantry_core::status::MAX_TEXT_BYTES;
 use tokio::time::Instant;
 
-use super::context::ms_timestamp;
+use super::clock::ms_timestamp;
 use super::*;
 use crate::render::{render, Rendered};
 use crate::status::{self, Observation, Workload, STATUS_PATHS};
