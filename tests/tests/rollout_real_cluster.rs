@@ -15,7 +15,7 @@ use gantry_api::v1::{
 use gantry_testkit::admission::{self, Policy};
 use gantry_testkit::cluster::{ClusterRig, PATIENCE};
 use gantry_testkit::eventually_blocking;
-use gantry_testkit::k8s::RECONCILER_USER;
+use gantry_testkit::k8s::{NEVER_READY_IMAGE, RECONCILER_USER};
 use tokio_stream::StreamExt;
 
 fn spec(host: &str, replicas: i32, mode: &str, cpu: &str) -> GatewaySpec {
@@ -288,4 +288,62 @@ async fn a_cleanup_the_cluster_refuses_is_in_status_with_its_reason() {
     assert_eq!(blocked.status.unwrap().phase(), Phase::Deleting);
     drop(kept);
     rig.wait_gone("edge").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_rollout_is_rolled_back_when_opted_in_and_says_what_it_serves() {
+    let Some(mut rig) = ClusterRig::start("rollback") else { return };
+    // The rig's progress deadline is 6 s.
+    rig.reconciler(&["--rollback-on-failure"]);
+    let good = |image: &str, mode: &str| GatewaySpec {
+        image: image.into(),
+        config: [("mode".to_string(), mode.to_string())].into(),
+        ..Default::default()
+    };
+    rig.create_spec("edge", good("ghcr.io/acme/gateway:1", "strict")).await;
+    rig.wait_running("edge", 1).await;
+    let first_config = rig.config_map_name("edge");
+
+    // A new image that never becomes ready, with a new config.
+    rig.set_spec("edge", good(NEVER_READY_IMAGE, "relaxed")).await;
+    let rolled = rig
+        .wait_for("edge", "rolled back", |g| {
+            condition(g, "Stalled").is_some_and(|c| c.reason == "RolledBack")
+        })
+        .await;
+    let status = rolled.status.clone().unwrap();
+    assert_eq!((status.phase(), status.observed_generation), (Phase::Degraded, 2));
+    assert!(status.message.contains("generation 1 is served"), "{}", status.message);
+    // The pods that served before serve, with the config they read.
+    let deployment = rig.json(&["get", "deployment", "edge"]);
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["containers"][0]["image"], "ghcr.io/acme/gateway:1");
+    assert_eq!(pod["volumes"][0]["configMap"]["name"], first_config.as_str());
+    eventually_blocking(PATIENCE, "the old pods serving alone", || {
+        rig.ready_pod_images() == ["ghcr.io/acme/gateway:1"]
+    });
+    let configs = rig.json(&["get", "configmap", &first_config]);
+    assert_eq!(configs["data"]["mode"], "strict");
+
+    // Held: the stuck rendering is not applied again (label writes make
+    // passes).
+    let applies = |rig: &ClusterRig| rig.reconcilers[0].logs().matches("manifests applied").count();
+    let before = applies(&rig);
+    for round in 0..3 {
+        let passes = rig.passes();
+        let mut g = rig.get("edge").await.unwrap();
+        g.metadata.as_mut().unwrap().labels.insert("round".into(), round.to_string());
+        rig.update(g, &["metadata.labels"]).await;
+        rig.wait_passes_after(passes, 1);
+    }
+    assert_eq!(applies(&rig), before, "the rolled-back rendering was applied again");
+
+    // A fixed spec rolls out, and the earlier configs are retired after it.
+    rig.set_spec("edge", good("ghcr.io/acme/gateway:2", "relaxed")).await;
+    rig.wait_running("edge", 3).await;
+    eventually_blocking(PATIENCE, "the earlier configs retired", || {
+        let configs = rig.json(&["get", "configmaps", "-l", "gantry.dev/gateway=edge"]);
+        configs["items"].as_array().unwrap().len() == 1
+    });
+    assert_eq!(rig.ready_pod_images(), ["ghcr.io/acme/gateway:2"]);
 }

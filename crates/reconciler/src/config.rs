@@ -186,6 +186,13 @@ pub struct LoopArgs {
     /// times the calls of one apply (about a dozen).
     #[arg(long, env = "GANTRY_APPLY_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
     pub apply_timeout: Duration,
+
+    /// Roll back a rollout that exceeds its progress deadline to the pods
+    /// that served before it, for every gateway (per gateway: the
+    /// annotation `gantry.dev/rollback-on-failure: "true"`); the gateway is
+    /// then DEGRADED with reason RolledBack until its spec changes.
+    #[arg(long, env = "GANTRY_ROLLBACK_ON_FAILURE")]
+    pub rollback_on_failure: bool,
 }
 
 /// Leader election among replicas.

@@ -88,6 +88,7 @@ pub fn settings(config: &Config) -> Settings {
         poll_interval: config.control.poll_interval,
         route_deadline: config.render.route_deadline,
         apply_timeout: config.control.apply_timeout,
+        rollback_on_failure: config.control.rollback_on_failure,
     }
 }
 

@@ -37,6 +37,10 @@ pub const MANAGED_BY: &str = "gantry";
 /// (the pod template and the ConfigMap it mounts): it changes, and the
 /// pods roll, exactly when one of those does.
 pub const ANNOTATION_FINGERPRINT: &str = "gantry.dev/fingerprint";
+/// Deployment annotation with the generation whose rendering it carries;
+/// the Deployment controller copies it to the ReplicaSet of that template,
+/// so a rollback knows which generation it puts back.
+pub const ANNOTATION_GENERATION: &str = "gantry.dev/generation";
 /// ConfigMap key holding gantry's settings for the gateway.
 pub const SETTINGS_KEY: &str = "gantry.json";
 /// Port the gateway serves on, and its health port.
@@ -357,7 +361,10 @@ pub fn render(gateway: &Gateway, settings: &RenderSettings) -> Rendered {
     ];
     let (key, value) = SERVICE_BACKEND_HTTPS;
     manifests[2]["metadata"]["annotations"][key] = json!(value);
-    manifests.push(deployment(&names, &config_name, spec, settings));
+    let mut deployment = deployment(&names, &config_name, spec, settings);
+    let generation = gateway.metadata.as_ref().map_or(0, |m| m.generation);
+    deployment["metadata"]["annotations"][ANNOTATION_GENERATION] = json!(generation.to_string());
+    manifests.push(deployment);
     manifests.extend(ingress(&names, spec, settings));
     if spec.replicas.is_some_and(|r| r > 1) {
         manifests.push(json!({

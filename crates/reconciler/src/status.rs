@@ -229,6 +229,55 @@ pub fn applied(
     }
 }
 
+/// The Deployment condition reason of a rollout past its progress deadline
+/// (the Deployment controller's word, kept as the gateway's reason).
+pub const PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
+
+/// Reason of a rollout that exceeded its progress deadline and was rolled
+/// back (opted in).
+pub const ROLLED_BACK: &str = "RolledBack";
+
+/// Status after the rollout of `generation` exceeded its progress deadline
+/// (`why`) and the pods of `served`'s rendering were put back: DEGRADED,
+/// `Stalled=True` with reason RolledBack, and `failed_inputs` naming the
+/// inputs rolled back (held until they change).
+pub fn rolled_back(
+    generation: i64,
+    fingerprint: &str,
+    failed_inputs: String,
+    served: i64,
+    why: &str,
+) -> GatewayStatus {
+    let message = format!(
+        "generation {generation} did not become available ({why}); rolled back: the rendering of generation {served} is served. Change the spec or `gatewayctl retry` to roll out again"
+    );
+    GatewayStatus {
+        phase: Phase::Degraded as i32,
+        observed_generation: generation,
+        conditions: vec![
+            condition("Ready", false, ROLLED_BACK, &message, generation),
+            condition("Reconciling", false, ROLLED_BACK, "", generation),
+            condition("Stalled", true, ROLLED_BACK, &message, generation),
+        ],
+        provisioning: vec![
+            step(STEP_MANIFESTS, StepState::Complete, ""),
+            step(STEP_WORKLOAD, StepState::Failed, &message),
+        ],
+        route_address: String::new(),
+        applied_fingerprint: fingerprint.into(),
+        failure_count: 0,
+        next_retry_time: None,
+        message: printable(&message, false),
+        failed_inputs,
+    }
+}
+
+/// Whether `status` shows `inputs_key` rolled back.
+pub fn shows_rolled_back(status: &GatewayStatus, inputs_key: &str) -> bool {
+    status.failed_inputs == inputs_key
+        && status.conditions.iter().any(|c| c.r#type == "Stalled" && c.reason == ROLLED_BACK)
+}
+
 /// Condition type of a deleted gateway whose objects cannot all be
 /// deleted yet; its reason is the cluster's.
 pub const CLEANUP_BLOCKED: &str = "CleanupBlocked";

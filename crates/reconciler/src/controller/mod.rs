@@ -63,6 +63,9 @@ pub struct Settings {
     pub route_deadline: Duration,
     /// Longest an apply or a cleanup of one gateway may take as a whole.
     pub apply_timeout: Duration,
+    /// Roll back every gateway's rollout that exceeds its progress
+    /// deadline (otherwise those annotated `gantry.dev/rollback-on-failure`).
+    pub rollback_on_failure: bool,
 }
 
 impl Default for Settings {
@@ -75,6 +78,7 @@ impl Default for Settings {
             poll_interval: Duration::from_secs(2),
             route_deadline: Duration::from_secs(600),
             apply_timeout: Duration::from_secs(300),
+            rollback_on_failure: false,
         }
     }
 }

@@ -30,6 +30,8 @@ pub struct Facts<'a> {
     pub poll_interval: Duration,
     /// How long a route may wait for an address.
     pub route_deadline: Duration,
+    /// A rollout past its progress deadline is rolled back (opted in).
+    pub rollback: bool,
     /// Unix milliseconds.
     pub now_ms: u64,
 }
@@ -58,6 +60,10 @@ pub enum Plan {
     Observe,
     /// Apply the rendered objects; then [`applied`] or [`failed`].
     Apply,
+    /// The rollout exceeded its progress deadline: put back the pods that
+    /// served before, then [`rolled_back`]; with nothing to roll back to,
+    /// this report.
+    RollBack(Report),
     /// No (more) apply: write a status, then act.
     Report(Report),
 }
@@ -101,8 +107,16 @@ impl Facts<'_> {
 /// [`Plan::Observe`] asked for it.
 pub fn plan(facts: &Facts<'_>, observation: Option<&Observation>) -> Plan {
     if facts.shows_applied() {
+        // Rolled back: held, neither re-applied nor repaired, until the
+        // inputs change (spec, retry).
+        if status::shows_rolled_back(&facts.current(), &facts.inputs.key()) {
+            return Plan::Report(Report { status: None, action: Action::done(Outcome::Unchanged) });
+        }
         match observation.map(|o| (o, o.drift.as_deref())) {
             None => return Plan::Observe,
+            Some((o, _)) if facts.rollback && deadline_exceeded(o) => {
+                return Plan::RollBack(report(facts, o, Outcome::Observed));
+            }
             Some((o, None)) => return Plan::Report(report(facts, o, Outcome::Observed)),
             // A drift every repair left in place: reported, not repaired.
             Some((o, Some(d))) if facts.drift_persists(d).is_some() => {
@@ -124,6 +138,27 @@ pub fn plan(facts: &Facts<'_>, observation: Option<&Observation>) -> Plan {
         return Plan::Report(Report { status, action: Action::after(Outcome::Waiting, wait) });
     }
     Plan::Apply
+}
+
+/// Whether the rollout exceeded its progress deadline.
+fn deadline_exceeded(observation: &Observation) -> bool {
+    matches!(&observation.workload, Workload::Stalled { reason, .. } if reason == status::PROGRESS_DEADLINE_EXCEEDED)
+}
+
+/// After a rollback put back the pods of generation `served`'s rendering.
+pub fn rolled_back(facts: &Facts<'_>, observation: &Observation, served: i64) -> Report {
+    let why = match &observation.workload {
+        Workload::Stalled { message, .. } => message.as_str(),
+        _ => "its rollout stalled",
+    };
+    let status = status::rolled_back(
+        facts.generation(),
+        &facts.rendered.fingerprint,
+        facts.inputs.key(),
+        served,
+        why,
+    );
+    Report { status: Some(status), action: Action::done(Outcome::Applied) }
 }
 
 /// After an apply succeeded: the status of what the target shows (`Err`:
@@ -273,6 +308,7 @@ mod tests {
                 policy: &self.policy,
                 poll_interval: Duration::from_secs(2),
                 route_deadline: Duration::from_secs(600),
+                rollback: false,
                 now_ms: NOW,
             }
         }
@@ -384,6 +420,47 @@ mod tests {
         let mut changed = case;
         changed.inputs.generation = 3;
         assert_eq!(plan(&changed.facts(), Some(&drifted)), Plan::Apply);
+    }
+
+    #[test]
+    fn a_rollout_past_its_deadline_is_rolled_back_when_opted_in_and_then_held() {
+        let stuck = Workload::Stalled {
+            reason: status::PROGRESS_DEADLINE_EXCEEDED.into(),
+            message: "ReplicaSet edge-2 has timed out progressing".into(),
+        };
+        let mut case = Case::new().applied_as(Workload::Available);
+        assert!(matches!(plan(&case.facts(), Some(&observed(stuck.clone()))), Plan::Report(_)));
+        case.policy = RecoveryPolicy::default();
+        let facts = Facts { rollback: true, ..case.facts() };
+        let Plan::RollBack(fallback) = plan(&facts, Some(&observed(stuck.clone()))) else {
+            panic!("a rollback")
+        };
+        assert_eq!(
+            fallback.status.expect("DEGRADED if nothing to roll back to").phase(),
+            Phase::Degraded
+        );
+        let report = rolled_back(&facts, &observed(stuck.clone()), 1);
+        let shown = report.status.expect("the rollback shown");
+        assert_eq!(shown.phase(), Phase::Degraded);
+        let stalled = shown.conditions.iter().find(|c| c.r#type == "Stalled").unwrap();
+        assert_eq!(stalled.reason, status::ROLLED_BACK);
+        assert!(stalled.message.contains("generation 1 is served"), "{}", stalled.message);
+        assert!(stalled.message.contains("timed out progressing"), "{}", stalled.message);
+        // Held: no apply, no repair, nothing written, until the inputs change.
+        let held =
+            Case { gateway: Gateway { status: Some(shown), ..case.gateway.clone() }, ..case };
+        let facts = Facts { rollback: true, ..held.facts() };
+        let drifted = Observation {
+            drift: Some("Deployment edge: .spec.template".into()),
+            ..observed(Workload::Available)
+        };
+        let nothing = Report { status: None, action: Action::done(Outcome::Unchanged) };
+        assert_eq!(plan(&facts, None), Plan::Report(nothing.clone()));
+        assert_eq!(plan(&facts, Some(&drifted)), Plan::Report(nothing));
+        let mut retried = held;
+        retried.inputs.retry_token = "2026-12-05T16:00:00Z".into();
+        let facts = Facts { rollback: true, ..retried.facts() };
+        assert_eq!(plan(&facts, Some(&drifted)), Plan::Apply, "a retry rolls out again");
     }
 
     #[test]

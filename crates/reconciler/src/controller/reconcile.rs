@@ -21,6 +21,7 @@ use super::{FINALIZER, RETRY_ANNOTATION};
 use crate::render::render;
 use crate::status;
 use crate::targets::Owner;
+use crate::targets::ROLLBACK_ANNOTATION;
 
 /// One pass over one gateway: what to do next, or why it could not
 /// finish.
@@ -62,14 +63,31 @@ pub async fn reconcile(mut gateway: Gateway, ctx: &Context) -> Result<Action, Re
         policy: &ctx.settings.policy,
         poll_interval: ctx.poll_interval(),
         route_deadline: ctx.settings.route_deadline,
+        rollback: ctx.settings.rollback_on_failure
+            || meta.annotations.get(ROLLBACK_ANNOTATION).is_some_and(|v| v == "true"),
         now_ms: ctx.now_ms(),
     };
     let report = match plan(&facts, None) {
         Plan::Report(report) => report,
         Plan::Apply => apply(&facts, &owner, ctx).await?,
+        // A plan without an observation never asks for it.
+        Plan::RollBack(report) => report,
         Plan::Observe => {
             let observation = ctx.observe(&owner, &rendered).await?;
             match plan(&facts, Some(&observation)) {
+                Plan::RollBack(stuck) => match ctx.target.roll_back(&owner, &rendered).await {
+                    Ok(Some(served)) => plan::rolled_back(&facts, &observation, served),
+                    Ok(None) => {
+                        tracing::warn!(
+                            "the rollout is stuck and nothing served before it: no rollback"
+                        );
+                        stuck
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "rollback failed");
+                        stuck
+                    }
+                },
                 Plan::Report(report) => {
                     if !observation.drifted() {
                         ctx.forget_drift(name);

@@ -23,6 +23,11 @@ pub struct Owner {
     pub recreate: bool,
 }
 
+/// Annotation by which a gateway opts in to having a rollout that exceeds
+/// its progress deadline rolled back (`"true"`; `--rollback-on-failure`
+/// for every gateway).
+pub const ROLLBACK_ANNOTATION: &str = "gantry.dev/rollback-on-failure";
+
 /// Annotation by which a gateway opts in to having an object replaced when
 /// a field that cannot change on a live object differs (`"true"`).
 pub const RECREATE_ANNOTATION: &str = "gantry.dev/recreate-on-immutable";
@@ -91,6 +96,19 @@ pub trait Target: Send + Sync + std::fmt::Debug + 'static {
     /// Applies every manifest of `gateway` and removes its objects that are
     /// no longer rendered. Safe to repeat; repairs a partial earlier apply.
     async fn apply(&self, owner: &Owner, rendered: &Rendered) -> Result<(), TargetError>;
+
+    /// Puts back the pod template that served before the current rollout
+    /// (the newest earlier one with available pods, as `kubectl rollout
+    /// undo` does); the generation whose rendering it was. `None`: nothing
+    /// to roll back to (or a target that runs nothing).
+    async fn roll_back(
+        &self,
+        owner: &Owner,
+        rendered: &Rendered,
+    ) -> Result<Option<i64>, TargetError> {
+        let _ = (owner, rendered);
+        Ok(None)
+    }
 
     /// Reports the rollout and whether anything drifted from `rendered`.
     async fn observe(&self, owner: &Owner, rendered: &Rendered)

@@ -27,6 +27,7 @@ mod calls;
 mod drift;
 mod replace;
 mod retire;
+mod rollback;
 mod rollout;
 
 pub use calls::CALL_TIMEOUT;
@@ -364,6 +365,14 @@ impl Target for KubeTarget {
             }
         }
         Ok(gone)
+    }
+
+    async fn roll_back(
+        &self,
+        owner: &Owner,
+        rendered: &Rendered,
+    ) -> Result<Option<i64>, TargetError> {
+        self.roll_back_deployment(owner, rendered).await
     }
 
     fn watch_owned(&self) -> Option<BoxStream<'static, String>> {

@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::apps::v1::Deployment;
 
-use crate::status::Workload;
+use crate::status::{Workload, PROGRESS_DEADLINE_EXCEEDED};
 
 /// Whether a Deployment's rollout of its current generation is complete,
 /// in progress, or stalled (kubectl rollout status semantics).
@@ -20,9 +20,9 @@ pub fn rollout(deployment: &Deployment) -> Workload {
         return Workload::Progressing { message: "waiting for the rollout to start".into() };
     }
     if let Some(c) = status.conditions.iter().flatten().find(|c| c.type_ == "Progressing") {
-        if c.reason.as_deref() == Some("ProgressDeadlineExceeded") {
+        if c.reason.as_deref() == Some(PROGRESS_DEADLINE_EXCEEDED) {
             return Workload::Stalled {
-                reason: "ProgressDeadlineExceeded".into(),
+                reason: PROGRESS_DEADLINE_EXCEEDED.into(),
                 message: c
                     .message
                     .clone()
