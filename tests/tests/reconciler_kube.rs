@@ -230,20 +230,7 @@ async fn a_gateway_converges_changes_and_is_deleted() {
     rig.set_spec("edge", spec("ghcr.io/acme/gw:2")).await;
     let changed = rig.wait_generation("edge", 2).await;
     assert_eq!(meta(&changed).generation, 2);
-    let image = rig
-        .deployments()
-        .get("edge")
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .template
-        .spec
-        .unwrap()
-        .containers[0]
-        .image
-        .clone();
-    assert_eq!(image.as_deref(), Some("ghcr.io/acme/gw:2"));
+    assert_eq!(deployed_image(&rig, "edge").await.as_deref(), Some("ghcr.io/acme/gw:2"));
 
     // Labels only: the reconciler looks, and writes nothing to the cluster.
     rig.kube.clear_requests();
@@ -617,6 +604,12 @@ async fn a_slow_healthy_apply_is_no_failure_and_a_call_past_its_timeout_is() {
     rig.stop().await;
 }
 
+/// The first container's image of the Deployment `name`.
+async fn deployed_image(rig: &Rig, name: &str) -> Option<String> {
+    let deployment = rig.deployments().get(name).await.unwrap();
+    deployment.spec?.template.spec?.containers.first()?.image.clone()
+}
+
 /// The uid label of the Deployment `name`, if there is one.
 async fn deployment_owner(rig: &Rig, name: &str) -> Option<String> {
     let deployment = rig.deployments().get_opt(name).await.unwrap()?;
@@ -643,19 +636,6 @@ async fn a_gateway_deleted_and_made_again_under_its_name_gets_objects_of_its_own
     assert_ne!(second_uid, first_uid);
     rig.wait_running("edge").await;
     assert_eq!(deployment_owner(&rig, "edge").await.as_deref(), Some(second_uid.as_str()));
-    let image = rig
-        .deployments()
-        .get("edge")
-        .await
-        .unwrap()
-        .spec
-        .unwrap()
-        .template
-        .spec
-        .unwrap()
-        .containers[0]
-        .image
-        .clone();
-    assert_eq!(image.as_deref(), Some("ghcr.io/acme/gw:2"));
+    assert_eq!(deployed_image(&rig, "edge").await.as_deref(), Some("ghcr.io/acme/gw:2"));
     rig.stop().await;
 }

@@ -92,13 +92,7 @@ async fn pods_roll_for_what_they_consume_and_nothing_else() {
             .count()
     };
     let before = requests(&rig);
-    for round in 0..3 {
-        let passes = rig.passes();
-        let mut g = rig.get("edge").await.unwrap();
-        g.metadata.as_mut().unwrap().labels.insert("round".into(), round.to_string());
-        rig.update(g, &["metadata.labels"]).await;
-        rig.wait_passes_after(passes, 1);
-    }
+    rig.passes_over("edge", 3).await;
     assert_eq!(requests(&rig), before, "a converged routed gateway cost requests");
 }
 
@@ -329,13 +323,7 @@ async fn a_stuck_rollout_is_rolled_back_when_opted_in_and_says_what_it_serves() 
     // passes).
     let applies = |rig: &ClusterRig| rig.reconcilers[0].logs().matches("manifests applied").count();
     let before = applies(&rig);
-    for round in 0..3 {
-        let passes = rig.passes();
-        let mut g = rig.get("edge").await.unwrap();
-        g.metadata.as_mut().unwrap().labels.insert("round".into(), round.to_string());
-        rig.update(g, &["metadata.labels"]).await;
-        rig.wait_passes_after(passes, 1);
-    }
+    rig.passes_over("edge", 3).await;
     assert_eq!(applies(&rig), before, "the rolled-back rendering was applied again");
 
     // A fixed spec rolls out, and the earlier configs are retired after it.

@@ -121,6 +121,26 @@ pub const ROUTE_CONDITION: &str = "RouteAdmitted";
 pub const WAITING_FOR_ADDRESS: &str = "WaitingForAddress";
 pub const ADDRESS_PUBLISHED: &str = "AddressPublished";
 
+/// The route's step, and its condition (none where nothing admits it).
+fn route_parts(route: &Route, generation: i64) -> Option<(ProvisioningStep, Option<Condition>)> {
+    match route {
+        Route::None => None,
+        Route::Written => Some((step(STEP_ROUTE, StepState::Pending, WRITTEN_MESSAGE), None)),
+        Route::Waiting { .. } => Some((
+            step(STEP_ROUTE, StepState::InProgress, "waiting for a load-balancer address"),
+            Some(condition(ROUTE_CONDITION, false, WAITING_FOR_ADDRESS, "", generation)),
+        )),
+        Route::Admitted { address } => Some((
+            step(STEP_ROUTE, StepState::Complete, address),
+            Some(condition(ROUTE_CONDITION, true, ADDRESS_PUBLISHED, address, generation)),
+        )),
+        Route::NotAdmitted { message } => Some((
+            step(STEP_ROUTE, StepState::Failed, message),
+            Some(condition(ROUTE_CONDITION, false, ROUTE_NOT_ADMITTED, message, generation)),
+        )),
+    }
+}
+
 /// Status after the manifests of `generation` were applied and observed:
 /// the workload step follows the Deployment, the route step and condition
 /// the route; RUNNING only when both are done.
@@ -195,23 +215,7 @@ pub fn applied(
         };
     let mut provisioning = vec![step(STEP_MANIFESTS, StepState::Complete, ""), workload_step];
     let mut conditions = vec![ready, reconciling, stalled];
-    let route_step_and_condition = match route {
-        Route::None => None,
-        Route::Written => Some((step(STEP_ROUTE, StepState::Pending, WRITTEN_MESSAGE), None)),
-        Route::Waiting { .. } => Some((
-            step(STEP_ROUTE, StepState::InProgress, "waiting for a load-balancer address"),
-            Some(condition(ROUTE_CONDITION, false, WAITING_FOR_ADDRESS, "", generation)),
-        )),
-        Route::Admitted { address } => Some((
-            step(STEP_ROUTE, StepState::Complete, address),
-            Some(condition(ROUTE_CONDITION, true, ADDRESS_PUBLISHED, address, generation)),
-        )),
-        Route::NotAdmitted { message } => Some((
-            step(STEP_ROUTE, StepState::Failed, message),
-            Some(condition(ROUTE_CONDITION, false, ROUTE_NOT_ADMITTED, message, generation)),
-        )),
-    };
-    if let Some((route_step, route_condition)) = route_step_and_condition {
+    if let Some((route_step, route_condition)) = route_parts(route, generation) {
         provisioning.push(route_step);
         conditions.extend(route_condition);
     }

@@ -234,6 +234,20 @@ impl ClusterRig {
         eventually_blocking(PATIENCE, &format!("{n} more passes"), || self.passes() >= start + n);
     }
 
+    /// Makes the first reconciler run `n` passes over `gateway`, one at a
+    /// time: each a label written to the store (news to the reconciler that
+    /// changes nothing it renders).
+    pub async fn passes_over(&self, gateway: &str, n: usize) {
+        for round in 0..n {
+            let passes = self.passes();
+            let mut g = self.get(gateway).await.expect("the gateway");
+            let labels = &mut g.metadata.as_mut().expect("metadata").labels;
+            labels.insert("gantry.test/round".into(), round.to_string());
+            self.update(g, &["metadata.labels"]).await;
+            self.wait_passes_after(passes, 1);
+        }
+    }
+
     /// The one ConfigMap of `gateway` (content-addressed: its name is the
     /// gateway's and a hash of its data).
     pub fn config_map(&self, gateway: &str) -> Value {
