@@ -140,16 +140,19 @@ fn count_writes(
     count
 }
 
+/// A rig whose reconciler runs `edge` (image 1, one replica) converged.
+async fn running_edge(prefix: &str) -> Option<ClusterRig> {
+    let mut rig = ClusterRig::start(prefix)?;
+    rig.reconciler(&[]);
+    let spec = GatewaySpec { image: "ghcr.io/acme/gateway:1".into(), ..Default::default() };
+    rig.create_spec("edge", spec).await;
+    rig.wait_running("edge", 1).await;
+    Some(rig)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_re_rollout_at_the_same_generation_shows_in_its_step_and_polls_write_nothing() {
-    let Some(mut rig) = ClusterRig::start("re-rollout") else { return };
-    rig.reconciler(&[]);
-    rig.create_spec(
-        "edge",
-        GatewaySpec { image: "ghcr.io/acme/gateway:1".into(), ..Default::default() },
-    )
-    .await;
-    rig.wait_running("edge", 1).await;
+    let Some(rig) = running_edge("re-rollout").await else { return };
 
     // No pod can be created in the namespace; the Deployment is deleted
     // out of band and re-created by the reconciler: a rollout at the same
@@ -254,14 +257,7 @@ async fn a_route_waits_with_its_workload_available_and_its_deadline_runs_from_th
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cleanup_the_cluster_refuses_is_in_status_with_its_reason() {
-    let Some(mut rig) = ClusterRig::start("cleanup") else { return };
-    rig.reconciler(&[]);
-    rig.create_spec(
-        "edge",
-        GatewaySpec { image: "ghcr.io/acme/gateway:1".into(), ..Default::default() },
-    )
-    .await;
-    rig.wait_running("edge", 1).await;
+    let Some(rig) = running_edge("cleanup").await else { return };
     let expression = format!("request.userInfo.username != '{RECONCILER_USER}'");
     let rules = admission::rules("apps", "deployments", &["DELETE"]);
     let kept = Policy::deny(&rig, "keep", rules, &expression, "deployments are kept by policy");
