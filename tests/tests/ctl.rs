@@ -138,6 +138,28 @@ fn every_command_takes_name_and_type_slash_name() {
 }
 
 #[test]
+fn a_leading_resource_word_is_the_type_and_never_a_name() {
+    let store = Store::start("ctl-resource-word", &[]);
+    // `create gateway NAME`, as `kubectl create deployment NAME`.
+    for name in ["gateway", "gw-5", "edge"] {
+        ok(store.ctl(&["create", "gateway", name, "--image", "ghcr.io/acme/gw:1"]));
+    }
+    // kubectl's reflex: the gateway named "gateway" is not deleted.
+    assert_eq!(ok(store.ctl(&["delete", "gateway", "gw-5"])), "gateway/gw-5 deleted\n");
+    let names = ok(store.ctl(&["get", "gateways", "-o", "name"]));
+    assert_eq!(names, "gateway/edge\ngateway/gateway\n");
+    assert_eq!(ok(store.ctl(&["get", "gw", "edge", "-o", "name"])), "gateway/edge\n");
+    assert_eq!(ok(store.ctl(&["get", "-o", "name", "gateway", "edge"])), "gateway/edge\n");
+    assert!(ok(store.ctl(&["describe", "gw", "edge"])).starts_with("Name:          edge\n"));
+    // The gateway named like the type: as the second word, or type/name.
+    assert_eq!(ok(store.ctl(&["get", "gateway", "gateway", "-o", "name"])), "gateway/gateway\n");
+    // Another Kubernetes resource word is refused, and says why.
+    let (stdout, stderr) = exits(2, store.ctl(&["get", "pods"]));
+    assert_eq!(stdout, "");
+    assert!(stderr.contains("gateways only"), "{stderr}");
+}
+
+#[test]
 fn a_named_config_that_does_not_exist_is_an_error() {
     let store = Store::start("ctl-config", &[]);
     let missing = store.dir.join("no-such-config.yaml");

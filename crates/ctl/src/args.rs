@@ -29,6 +29,89 @@ impl std::str::FromStr for LabelChange {
 /// `TYPE/NAME`: `get -o name` prints `gateway/NAME`.
 pub const RESOURCE_TYPES: [&str; 3] = ["gateway", "gateways", "gw"];
 
+/// Kubernetes resource words a kubectl hand may type where gatewayctl
+/// takes gateways: refused with a clear error instead of taken as names.
+const OTHER_RESOURCES: [&str; 22] = [
+    "pod",
+    "pods",
+    "po",
+    "deployment",
+    "deployments",
+    "deploy",
+    "service",
+    "services",
+    "svc",
+    "configmap",
+    "configmaps",
+    "cm",
+    "secret",
+    "secrets",
+    "ingress",
+    "ingresses",
+    "ing",
+    "namespace",
+    "namespaces",
+    "ns",
+    "node",
+    "nodes",
+];
+
+/// Verbs whose first positional argument may be a resource word, as in
+/// kubectl (`get gateways`, `delete gateway gw-5`, `describe gw edge`).
+const NAMING_VERBS: [&str; 9] =
+    ["get", "describe", "edit", "label", "delete", "wait", "retry", "watch", "create"];
+
+/// Drops a leading resource word (`gateway`, `gateways`, `gw`) of a verb's
+/// positional arguments, as kubectl reads `VERB TYPE NAME...`: the first
+/// positional word is the type, so `delete gateway gw-5` deletes only
+/// gw-5 (a gateway named "gateway" is `gateway/gateway`, or the second
+/// word of `delete gateway gateway`). Another Kubernetes resource word is
+/// refused. `takes_value(verb, flag)` says whether a flag consumes the
+/// next argument.
+pub fn strip_resource_word(
+    args: Vec<String>,
+    takes_value: impl Fn(&str, &str) -> bool,
+) -> Result<Vec<String>, String> {
+    // The verb: the first word that is neither a global flag nor its value.
+    let mut verb_at = 1;
+    while verb_at < args.len() && args[verb_at].starts_with('-') {
+        let flag = args[verb_at].trim_start_matches('-');
+        let skips_next = !flag.contains('=') && takes_value("", flag);
+        verb_at += if skips_next { 2 } else { 1 };
+    }
+    if verb_at >= args.len() {
+        return Ok(args);
+    }
+    let verb = args[verb_at].clone();
+    if !NAMING_VERBS.contains(&verb.as_str()) {
+        return Ok(args);
+    }
+    let mut i = verb_at + 1;
+    while i < args.len() {
+        let arg = &args[i];
+        if arg == "--" {
+            return Ok(args);
+        }
+        if let Some(flag) = arg.strip_prefix('-') {
+            let skips_next = !arg.contains('=') && takes_value(&verb, flag.trim_start_matches('-'));
+            i += if skips_next { 2 } else { 1 };
+            continue;
+        }
+        if RESOURCE_TYPES.contains(&arg.as_str()) {
+            let mut args = args;
+            args.remove(i);
+            return Ok(args);
+        }
+        if OTHER_RESOURCES.contains(&arg.as_str()) {
+            return Err(format!(
+                "{arg:?} is a Kubernetes resource; gatewayctl manages gateways only (use kubectl for {arg})"
+            ));
+        }
+        return Ok(args);
+    }
+    Ok(args)
+}
+
 /// A gateway's name as every command takes it: `NAME` or `gateway/NAME`.
 pub fn gateway_name(arg: &str) -> Result<String, String> {
     match arg.split_once('/') {
@@ -141,6 +224,33 @@ pub fn create_doc(flags: CreateFlags) -> Result<GatewayDoc, CtlError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn strip(line: &str) -> Result<String, String> {
+        let args = line.split(' ').map(str::to_string).collect();
+        let takes_value =
+            |_: &str, flag: &str| matches!(flag, "o" | "output" | "l" | "selector" | "server");
+        strip_resource_word(args, takes_value).map(|a| a.join(" "))
+    }
+
+    #[test]
+    fn a_leading_resource_word_is_the_type_as_in_kubectl() {
+        for (typed, meant) in [
+            ("gatewayctl delete gateway gw-5", "gatewayctl delete gw-5"),
+            ("gatewayctl get gateways", "gatewayctl get"),
+            ("gatewayctl get -o json gw edge", "gatewayctl get -o json edge"),
+            ("gatewayctl --server x get gateway edge", "gatewayctl --server x get edge"),
+            ("gatewayctl describe gw edge", "gatewayctl describe edge"),
+            ("gatewayctl delete gateway gateway", "gatewayctl delete gateway"),
+            ("gatewayctl get edge gateway", "gatewayctl get edge gateway"),
+            ("gatewayctl delete gateway/gw-5", "gatewayctl delete gateway/gw-5"),
+            ("gatewayctl apply -f gateway", "gatewayctl apply -f gateway"),
+            ("gatewayctl get -l=gateway", "gatewayctl get -l=gateway"),
+        ] {
+            assert_eq!(strip(typed).as_deref(), Ok(meant), "{typed}");
+        }
+        let refused = strip("gatewayctl get pods").unwrap_err();
+        assert!(refused.contains("gateways only"), "{refused}");
+    }
 
     #[test]
     fn a_name_is_taken_bare_or_as_kubectl_prints_it() {

@@ -389,7 +389,25 @@ async fn dispatch(
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let matches = Cli::command().get_matches();
+    let cli_command = Cli::command();
+    let takes_value = |verb: &str, flag: &str| {
+        let flags_of = |c: &clap::Command| {
+            c.get_arguments().any(|a| {
+                let named = a.get_long() == Some(flag)
+                    || (flag.len() == 1 && a.get_short() == flag.chars().next());
+                named && a.get_action().takes_values()
+            })
+        };
+        flags_of(&cli_command) || cli_command.find_subcommand(verb).is_some_and(flags_of)
+    };
+    let args = match args::strip_resource_word(std::env::args().collect(), takes_value) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let matches = Cli::command().get_matches_from(args);
     let command = matches.subcommand_name().unwrap_or_default().to_string();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // With OTEL_EXPORTER_OTLP_ENDPOINT set, the command is a trace whose
