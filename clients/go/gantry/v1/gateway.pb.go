@@ -321,7 +321,10 @@ func (x *Gateway) GetStatus() *GatewayStatus {
 // Identity and bookkeeping shared by every stored object.
 type ObjectMeta struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Unique name, an RFC 1123 label of at most 63 characters.
+	// Unique name. A new gateway's name is an RFC 1035 label: lowercase
+	// letters, digits and '-', starting with a letter and ending with a letter
+	// or digit, at most 63 characters (its Service is named after it). Reads
+	// and deletion accept any RFC 1123 label, for gateways named before.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// Assigned by the store at creation; never reused.
 	Uid string `protobuf:"bytes,2,opt,name=uid,proto3" json:"uid,omitempty"`
