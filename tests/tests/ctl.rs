@@ -160,6 +160,34 @@ fn a_leading_resource_word_is_the_type_and_never_a_name() {
 }
 
 #[test]
+fn describe_shows_the_events_a_compacted_store_still_has() {
+    let history = ["--history-max-events", "5", "--watch-cache-events", "5"];
+    let store = Store::start(
+        "ctl-compacted",
+        &[&history[..], &["--compaction-interval", "200ms"]].concat(),
+    );
+    ok(store.ctl(&["create", "edge", "--image", "ghcr.io/acme/gw:1"]));
+    for round in 0..20 {
+        ok(store.ctl(&["label", "edge", &format!("round={round}"), "--overwrite"]));
+    }
+    let revision = gateway_json(&store, "edge")["metadata"]["resourceVersion"].to_string();
+    // Once the creation is compacted away, the events come from the mark.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let events = loop {
+        let described = ok(store.ctl(&["describe", "edge"]));
+        let events = described.split("Events:").nth(1).unwrap().to_string();
+        assert!(!events.contains("not available"), "{described}");
+        if !events.contains("ADDED") {
+            break events;
+        }
+        assert!(std::time::Instant::now() < deadline, "never compacted: {described}");
+    };
+    let last = events.lines().last().unwrap();
+    assert!(last.trim_start().starts_with(&revision), "the latest change shown: {events}");
+    assert!(last.contains("MODIFIED"), "{events}");
+}
+
+#[test]
 fn a_named_config_that_does_not_exist_is_an_error() {
     let store = Store::start("ctl-config", &[]);
     let missing = store.dir.join("no-such-config.yaml");

@@ -15,6 +15,21 @@ use crate::output::{self, Format, PrintOptions};
 /// Events `describe` shows.
 pub const DESCRIBE_EVENTS: usize = 10;
 
+/// `describe` reads at most this many of the store's latest revisions for
+/// a gateway's events (the store filters them by name).
+const EVENTS_WINDOW: i64 = 10_000;
+
+/// The oldest revision a refused watch can start from: the compaction mark
+/// the store names with `REVISION_COMPACTED`.
+fn compaction_mark(status: &tonic::Status) -> Option<i64> {
+    use tonic_types::StatusExt as _;
+    if !gantry_client::watch::is_compacted(status) {
+        return None;
+    }
+    let info = status.get_details_error_info()?;
+    info.metadata.get("compacted_revision")?.parse().ok()
+}
+
 impl Ctl {
     /// `get`: the named gateways (each missing one reported on `err`) or
     /// the selected list, in a format; the revision to watch from.
@@ -137,14 +152,37 @@ impl Ctl {
     }
 
     /// The retained changes of one gateway up to `until` (its current
-    /// revision), oldest first; `None` when the history cannot be read.
+    /// revision), oldest first; `None` when the history cannot be read. It
+    /// reads at most the last [`EVENTS_WINDOW`] revisions of the store, and
+    /// from the store's compaction mark when older ones are gone.
     async fn recent_events(&self, name: &str, until: i64) -> Option<Vec<String>> {
-        let request =
-            WatchGatewaysRequest { resource_version: 1, name: name.into(), ..Default::default() };
-        let mut stream = self.client.clone().watch_gateways(request).await.ok()?.into_inner();
+        let mut from = (until - EVENTS_WINDOW).max(1);
+        for _ in 0..2 {
+            match self.events_between(name, from, until).await {
+                Ok(lines) => return Some(lines),
+                Err(status) => from = compaction_mark(&status)?,
+            }
+        }
+        None
+    }
+
+    /// The changes of `name` after revision `from` up to `until`, as lines.
+    async fn events_between(
+        &self,
+        name: &str,
+        from: i64,
+        until: i64,
+    ) -> Result<Vec<String>, tonic::Status> {
+        let request = WatchGatewaysRequest {
+            resource_version: from,
+            name: name.into(),
+            ..Default::default()
+        };
+        let mut stream = self.client.clone().watch_gateways(request).await?.into_inner();
         let mut lines = Vec::new();
         let read = async {
-            while let Some(Ok(event)) = stream.next().await {
+            while let Some(event) = stream.next().await {
+                let event = event?;
                 let revision = event.resource_version;
                 let kind = event.r#type();
                 let g = event.gateway.unwrap_or_default();
@@ -161,11 +199,14 @@ impl Ctl {
                     break;
                 }
             }
+            Ok::<(), tonic::Status>(())
         };
-        // History older than the store retains answers OUT_OF_RANGE; a slow
-        // read is cut short rather than hanging describe.
-        tokio::time::timeout(Duration::from_secs(3), read).await.ok()?;
-        Some(lines)
+        // A slow read is cut short rather than hanging describe.
+        match tokio::time::timeout(Duration::from_secs(3), read).await {
+            Ok(Err(status)) => Err(status),
+            Ok(Ok(())) => Ok(lines),
+            Err(_) => Err(tonic::Status::deadline_exceeded("the history took too long to read")),
+        }
     }
 
     /// The names of every gateway `selector` selects (`""`: all).
