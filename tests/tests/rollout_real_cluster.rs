@@ -185,6 +185,7 @@ async fn a_re_rollout_at_the_same_generation_shows_in_its_step_and_polls_write_n
     let from = rig.get("edge").await.unwrap().metadata.unwrap().resource_version;
     let writes = count_writes(&rig, "edge", from);
     let (passes, calls) = (rig.passes(), update_calls(&rig));
+    assert!(calls > 0, "the store counted none of the reconciler's UpdateGateway calls");
     rig.wait_passes_after(passes, 10);
     let changes = writes.load(std::sync::atomic::Ordering::SeqCst);
     let made = update_calls(&rig) - calls;

@@ -145,10 +145,35 @@ impl Default for Metrics {
     }
 }
 
+/// A status code as the gRPC spec and its other tools spell it
+/// (`OK`, `INVALID_ARGUMENT`, ...), for the `code` label.
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
 impl Metrics {
     /// Records one finished RPC.
     pub fn observe(&self, method: &str, started: Instant, code: tonic::Code) {
-        let code = format!("{code:?}");
+        let code = code_name(code).to_string();
         self.requests.get_or_create(&RpcLabels { method: method.to_string(), code }).inc();
         self.latency
             .get_or_create(&MethodLabels { method: method.to_string() })

@@ -741,7 +741,7 @@ async fn health_and_readiness_answer(store: &TestStore) {
     let metrics = http_get(store.http, "/metrics").await;
     assert!(
         metrics.contains(
-            "gantry_store_grpc_requests_total{method=\"GetGateway\",code=\"NotFound\"} 1"
+            "gantry_store_grpc_requests_total{method=\"GetGateway\",code=\"NOT_FOUND\"} 1"
         ),
         "{metrics}"
     );

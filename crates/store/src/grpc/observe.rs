@@ -235,7 +235,7 @@ mod tests {
         let denied = Some(Status::permission_denied("viewer"));
         let mut service = layer(&metrics, Duration::from_secs(5)).layer(answering(denied));
         let response = call(&mut service, "/gantry.v1.GatewayService/UpdateGateway").await;
-        assert!(counted(&metrics, "UpdateGateway", "PermissionDenied"), "{}", metrics.encode());
+        assert!(counted(&metrics, "UpdateGateway", "PERMISSION_DENIED"), "{}", metrics.encode());
         assert!(response.headers().contains_key(gantry_api::VERSION_HEADER));
     }
 
@@ -244,7 +244,7 @@ mod tests {
         let metrics = Arc::new(Metrics::default());
         let mut service = layer(&metrics, Duration::from_secs(5)).layer(answering(None));
         let response = call(&mut service, "/gantry.v1.GatewayService/GetGateway").await;
-        assert!(counted(&metrics, "GetGateway", "Ok"), "{}", metrics.encode());
+        assert!(counted(&metrics, "GetGateway", "OK"), "{}", metrics.encode());
         assert!(response.headers().contains_key(gantry_api::VERSION_HEADER));
     }
 
@@ -267,6 +267,6 @@ mod tests {
         let status = Status::from_header_map(response.headers()).expect("a status");
         assert_eq!(status.code(), Code::DeadlineExceeded);
         assert!(status.message().contains("--request-timeout"), "{}", status.message());
-        assert!(counted(&metrics, "ListGateways", "DeadlineExceeded"), "{}", metrics.encode());
+        assert!(counted(&metrics, "ListGateways", "DEADLINE_EXCEEDED"), "{}", metrics.encode());
     }
 }
