@@ -22,6 +22,21 @@ fn the_alerting_rules_pass_promtool_and_their_unit_tests() {
         skipped("promtool is not installed (tests/k8s/setup.sh promtool): alert rules not checked");
         return;
     }
+    // Every alert links its runbook as Prometheus' tooling expects it.
+    let rules = std::fs::read_to_string(monitoring().join("alerts.yaml")).unwrap();
+    let alerts = rules.matches("- alert:").count();
+    assert_eq!(
+        rules.matches("runbook_url: docs/operations.md#").count(),
+        alerts,
+        "runbook_url on every alert"
+    );
+    let runbook = std::fs::read_to_string(monitoring().join("../../docs/operations.md")).unwrap();
+    for alert in rules.lines().filter_map(|l| l.trim().strip_prefix("- alert: ")) {
+        assert!(
+            runbook.contains(&format!("### {alert}\n")),
+            "docs/operations.md has no section for {alert}"
+        );
+    }
     for args in [["check", "rules", "alerts.yaml"], ["test", "rules", "alerts_test.yaml"]] {
         let out = Command::new("promtool").args(args).current_dir(monitoring()).output().unwrap();
         assert!(
@@ -115,7 +130,7 @@ async fn every_metric_the_dashboard_and_the_rules_name_is_exported() {
     // The rules' expressions, not their prose.
     let expressions: Vec<&str> =
         rules.lines().filter(|l| l.trim_start().starts_with("expr:")).collect();
-    assert_eq!(expressions.len(), 7, "every alert's expression");
+    assert_eq!(expressions.len(), 9, "every alert's expression");
     let mut wanted = named(&expressions.join("\n"));
     for query in &queries {
         wanted.extend(named(query));
