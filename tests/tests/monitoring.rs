@@ -77,6 +77,16 @@ fn exported(exposition: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// The largest finite `le` of a histogram family's buckets.
+fn largest_bucket(exposition: &str, family: &str) -> f64 {
+    exposition
+        .lines()
+        .filter(|l| l.starts_with(&format!("{family}_bucket{{")))
+        .filter_map(|l| l.split("le=\"").nth(1)?.split('"').next()?.parse::<f64>().ok())
+        .filter(|le| le.is_finite())
+        .fold(0.0, f64::max)
+}
+
 fn scrape(port: u16) -> String {
     let answer = http_get(port, "/metrics").unwrap();
     answer.split("\r\n\r\n").nth(1).unwrap().to_string()
@@ -112,8 +122,18 @@ async fn every_metric_the_dashboard_and_the_rules_name_is_exported() {
         .unwrap();
     reconciler.wait_observed(&client, "edge", 1).await;
 
-    let mut available = exported(&scrape(store.http));
-    available.extend(exported(&scrape(reconciler.http)));
+    let (store_text, reconciler_text) = (scrape(store.http), scrape(reconciler.http));
+    // A call that runs into its timeout still lands in a finite bucket.
+    for (family, text, timeout) in [
+        ("gantry_store_grpc_request_duration_seconds", &store_text, 30.0),
+        ("gantry_reconciler_reconcile_duration_seconds", &reconciler_text, 300.0),
+        ("gantry_reconciler_stage_duration_seconds", &reconciler_text, 15.0),
+    ] {
+        let top = largest_bucket(text, family);
+        assert!(top >= timeout, "{family} ends at {top} s, under its timeout of {timeout} s");
+    }
+    let mut available = exported(&store_text);
+    available.extend(exported(&reconciler_text));
     let rules = std::fs::read_to_string(monitoring().join("alerts.yaml")).unwrap();
     let dashboard: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(monitoring().join("dashboard.json")).unwrap(),

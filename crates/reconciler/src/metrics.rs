@@ -47,15 +47,17 @@ pub struct Metrics {
 }
 
 fn stage_histogram() -> Histogram {
-    // 100 µs .. ~3 s
-    Histogram::new(exponential_buckets(0.000_1, 2.0, 16))
+    // 100 µs .. ~52 s: past the store's 10 s and the default 15 s call
+    // timeout.
+    Histogram::new(exponential_buckets(0.000_1, 2.0, 20))
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("gantry_reconciler");
         let reconciles = Family::<OutcomeLabels, Counter>::default();
-        let reconcile_duration = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
+        // 0.5 ms .. ~17 min: past the default --apply-timeout (5 m).
+        let reconcile_duration = Histogram::new(exponential_buckets(0.0005, 2.0, 22));
         let queue_depth = Gauge::default();
         let gateways = Family::<PhaseLabels, Gauge>::default();
         let convergence = Histogram::new(exponential_buckets(0.01, 2.0, 16));
