@@ -8,19 +8,14 @@
 
 #![allow(clippy::unwrap_used)]
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 
-use gantry_api::v1::{
-    EventType, Gateway, GatewaySpec, ListGatewaysRequest, Phase, WatchGatewaysRequest,
-};
+use gantry_api::v1::{Gateway, GatewaySpec, ListGatewaysRequest, Phase};
 use gantry_testkit::admission::{self, Policy};
 use gantry_testkit::backup::{pg_dump, pg_restore, sqlite_backup, sqlite_restore, tool};
 use gantry_testkit::cluster::{ClusterRig, PATIENCE};
 use gantry_testkit::k8s::{ControlPlane, RECONCILER_USER};
 use gantry_testkit::{binary, eventually_blocking, temp_dir, TestDatabase};
-use tokio_stream::StreamExt;
 
 fn spec(tag: &str) -> GatewaySpec {
     GatewaySpec { image: format!("ghcr.io/acme/gateway:{tag}"), ..Default::default() }
@@ -62,23 +57,6 @@ impl Backup {
     }
 }
 
-/// Counts the store's writes per gateway from `revision` on.
-fn count_writes(rig: &ClusterRig, revision: i64) -> Arc<Mutex<BTreeMap<String, u32>>> {
-    let counts = Arc::new(Mutex::new(BTreeMap::new()));
-    let (client, seen) = (rig.store.client(), counts.clone());
-    tokio::spawn(async move {
-        let request = WatchGatewaysRequest { resource_version: revision, ..Default::default() };
-        let mut events = client.clone().watch_gateways(request).await.unwrap().into_inner();
-        while let Some(Ok(event)) = events.next().await {
-            if event.r#type() == EventType::Modified {
-                let name = event.gateway.unwrap().metadata.unwrap().name;
-                *seen.lock().unwrap().entry(name).or_insert(0) += 1;
-            }
-        }
-    });
-    counts
-}
-
 /// Reconciler running; a backup; an edit and a new gateway; the store
 /// restored under the running reconciler. The cluster converges to the
 /// restored specs, an edit made after the restore is applied, the status
@@ -101,7 +79,7 @@ async fn a_restore_is_converged_on(mut rig: ClusterRig, backup: Backup) {
     backup.restore().await;
     rig.base.store.spawn();
     let listed = rig.store.client().list_gateways(ListGatewaysRequest::default()).await.unwrap();
-    let writes = count_writes(&rig, listed.into_inner().resource_version);
+    let writes = rig.count_changes(listed.into_inner().resource_version);
 
     eventually_blocking(PATIENCE, "the cluster back on the restored spec", || {
         deployed_image(&rig, "edge") == "ghcr.io/acme/gateway:1"
@@ -116,7 +94,7 @@ async fn a_restore_is_converged_on(mut rig: ClusterRig, backup: Backup) {
 
     let logs = rig.reconcilers[0].logs();
     assert_eq!(logs.matches("restored from a backup").count(), 1, "{logs}");
-    let counts = writes.lock().unwrap().clone();
+    let counts = writes.all();
     // edge: the repair's rollout (two), the edit, its rollout (two); keep
     // was already what the restored status says.
     assert!(counts.get("edge").copied().unwrap_or(0) <= 8, "{counts:?}");

@@ -9,14 +9,12 @@
 #![allow(clippy::unwrap_used)]
 
 use gantry_api::v1::{
-    ConditionStatus, EventType, Gateway, GatewaySpec, Phase, ResourceRequirements, Route,
-    StepState, WatchGatewaysRequest,
+    ConditionStatus, Gateway, GatewaySpec, Phase, ResourceRequirements, Route, StepState,
 };
 use gantry_testkit::admission::{self, Policy};
 use gantry_testkit::cluster::{ClusterRig, PATIENCE};
 use gantry_testkit::eventually_blocking;
 use gantry_testkit::k8s::{NEVER_READY_IMAGE, RECONCILER_USER};
-use tokio_stream::StreamExt;
 
 fn spec(host: &str, replicas: i32, mode: &str, cpu: &str) -> GatewaySpec {
     GatewaySpec {
@@ -120,26 +118,6 @@ fn update_calls(rig: &ClusterRig) -> u64 {
         .sum()
 }
 
-/// The store's writes of `name` after revision `from`, counted.
-fn count_writes(
-    rig: &ClusterRig,
-    name: &str,
-    from: i64,
-) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
-    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let (client, seen, name) = (rig.store.client(), count.clone(), name.to_string());
-    tokio::spawn(async move {
-        let request = WatchGatewaysRequest { name, resource_version: from, ..Default::default() };
-        let mut events = client.clone().watch_gateways(request).await.unwrap().into_inner();
-        while let Some(Ok(event)) = events.next().await {
-            if event.r#type() == EventType::Modified {
-                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            }
-        }
-    });
-    count
-}
-
 /// A rig whose reconciler runs `edge` (image 1, one replica) converged.
 async fn running_edge(prefix: &str) -> Option<ClusterRig> {
     let mut rig = ClusterRig::start(prefix)?;
@@ -183,13 +161,13 @@ async fn a_re_rollout_at_the_same_generation_shows_in_its_step_and_polls_write_n
     // Polled every 200 ms while stuck: every UpdateGateway the store gets
     // changes something (a no-op write makes no event).
     let from = rig.get("edge").await.unwrap().metadata.unwrap().resource_version;
-    let writes = count_writes(&rig, "edge", from);
+    let writes = rig.count_changes(from);
     let (passes, calls) = (rig.passes(), update_calls(&rig));
     assert!(calls > 0, "the store counted none of the reconciler's UpdateGateway calls");
     rig.wait_passes_after(passes, 10);
-    let changes = writes.load(std::sync::atomic::Ordering::SeqCst);
+    let changes = writes.of("edge");
     let made = update_calls(&rig) - calls;
-    assert!(made <= changes as u64, "{made} UpdateGateway calls made {changes} changes");
+    assert!(made <= u64::from(changes), "{made} UpdateGateway calls made {changes} changes");
     assert!(changes <= 2, "{changes} status changes while stuck");
 
     drop(no_pods);

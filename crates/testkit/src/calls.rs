@@ -26,6 +26,30 @@ impl Gateways {
         Self { client }
     }
 
+    /// Counts, per gateway, the changes (MODIFIED events) the store makes
+    /// after revision `from`, from a watch running in the background: a
+    /// write that changes nothing makes no event.
+    pub fn count_changes(&self, from: i64) -> Changes {
+        use gantry_api::v1::{EventType, WatchGatewaysRequest};
+        use tokio_stream::StreamExt;
+        let counts = Changes::default();
+        let (client, seen) = (self.client.clone(), counts.clone());
+        tokio::spawn(async move {
+            let request = WatchGatewaysRequest { resource_version: from, ..Default::default() };
+            let mut events =
+                client.clone().watch_gateways(request).await.expect("watch").into_inner();
+            while let Some(Ok(event)) = events.next().await {
+                if event.r#type() == EventType::Modified {
+                    let name = event.gateway.and_then(|g| g.metadata).map(|m| m.name);
+                    let mut counts =
+                        seen.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    *counts.entry(name.unwrap_or_default()).or_insert(0) += 1;
+                }
+            }
+        });
+        counts
+    }
+
     /// Creates `gateway`; the stored copy.
     pub async fn create(&self, gateway: impl Into<Gateway>) -> Gateway {
         let request = CreateGatewayRequest { gateway: Some(gateway.into()), validate_only: false };
@@ -130,5 +154,21 @@ pub async fn wait_for_gateway(
             explain()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Changes per gateway, counted by [`Gateways::count_changes`].
+#[derive(Debug, Clone, Default)]
+pub struct Changes(std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, u32>>>);
+
+impl Changes {
+    /// The changes of every gateway so far.
+    pub fn all(&self) -> std::collections::BTreeMap<String, u32> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// The changes of `name` so far.
+    pub fn of(&self, name: &str) -> u32 {
+        self.all().get(name).copied().unwrap_or(0)
     }
 }
