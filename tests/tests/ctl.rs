@@ -5,86 +5,16 @@
 #![allow(clippy::unwrap_used)]
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use gantry_testkit::{binary, free_port, server_certificate, temp_dir, StoreProcess};
+use gantry_testkit::{binary, free_port, server_certificate, temp_dir};
 
-struct Store {
-    process: StoreProcess,
-    dir: PathBuf,
-}
-
-impl Store {
-    fn start(label: &str, extra: &[&str]) -> Store {
-        let dir = temp_dir(label);
-        let url = format!("sqlite://{}/store.db", dir.display());
-        let process = StoreProcess::start_with(&url, &dir, extra);
-        Store { process, dir }
-    }
-
-    fn server(&self) -> String {
-        self.process.endpoint()
-    }
-
-    /// gatewayctl against this store, with no config file or environment
-    /// of the machine it runs on.
-    fn ctl(&self, args: &[&str]) -> Output {
-        ctl_at(&self.server(), args)
-    }
-}
-
-impl Drop for Store {
-    fn drop(&mut self) {
-        self.process.kill9();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn ctl_command(args: &[&str]) -> Command {
-    let mut command = Command::new(binary("gatewayctl"));
-    command
-        .args(args)
-        .env("HOME", std::env::temp_dir().join("gantry-e2e-no-home"))
-        .env_remove("GANTRY_TOKEN")
-        .env_remove("GANTRY_SERVER")
-        .env_remove("GANTRY_CONFIG")
-        .env_remove("GANTRY_CONTEXT")
-        .env_remove("GANTRY_CA");
-    command
-}
-
-fn ctl_at(server: &str, args: &[&str]) -> Output {
-    ctl_command(&[&["--server", server], args].concat()).output().unwrap()
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-/// Exit 0; stdout.
-fn ok(out: Output) -> String {
-    assert!(out.status.success(), "gatewayctl failed: {}{}", text(&out.stdout), text(&out.stderr));
-    text(&out.stdout)
-}
-
-/// Exit `code`, no panic; (stdout, stderr).
-fn exits(code: i32, out: Output) -> (String, String) {
-    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-    assert_eq!(out.status.code(), Some(code), "stdout: {stdout}\nstderr: {stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
-    (stdout, stderr)
-}
+use gantry_testkit::ctl::{ctl_at, ctl_command, exits, ok, write, CtlStore as Store};
 
 fn gateway_json(store: &Store, name: &str) -> serde_json::Value {
-    serde_json::from_str(&ok(store.ctl(&["get", name, "-o", "json"]))).unwrap()
-}
-
-fn write(dir: &Path, name: &str, content: &str) -> String {
-    let path = dir.join(name);
-    std::fs::write(&path, content).unwrap();
-    path.display().to_string()
+    store.gateway_json(name)
 }
 
 #[test]

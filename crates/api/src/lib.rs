@@ -31,6 +31,15 @@ pub const VERSION_HEADER: &str = "gantry-server-version";
 /// when that request carried no sampled trace.
 pub const TRACE_ANNOTATION: &str = "gantry.dev/traceparent";
 
+/// Annotation `gatewayctl retry` sets to a fresh timestamp: the reconciler
+/// resets a gateway's retry budget whenever its value changes.
+pub const RETRY_ANNOTATION: &str = "gantry.dev/retry-requested-at";
+
+/// Annotation holding the manifest `gatewayctl apply` last applied (JSON),
+/// as kubectl's `kubectl.kubernetes.io/last-applied-configuration`: the
+/// next apply removes what the file dropped since and keeps what others set.
+pub const LAST_APPLIED_ANNOTATION: &str = "gantry.dev/last-applied-configuration";
+
 /// The provisioning steps of a gateway's status, named once for the
 /// reconciler that writes them, the store's rules and every reader.
 pub mod steps {

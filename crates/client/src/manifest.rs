@@ -52,6 +52,8 @@ pub struct Metadata {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub create_time: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub update_time: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub delete_time: String,
 }
 
@@ -108,9 +110,10 @@ pub struct Resources {
     pub limits: BTreeMap<String, String>,
 }
 
-/// Observed state, for output only.
+/// Observed state, for output only (read back leniently: `apply` of a
+/// printed gateway ignores it).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct Status {
     pub phase: String,
     pub observed_generation: i64,
@@ -244,6 +247,7 @@ impl GatewayDoc {
                 resource_version: meta.resource_version,
                 finalizers: meta.finalizers,
                 create_time: time(meta.create_time.as_ref()),
+                update_time: time(meta.update_time.as_ref()),
                 delete_time: time(meta.delete_time.as_ref()),
             },
             spec: Spec {
@@ -279,21 +283,52 @@ pub enum ManifestError {
     Invalid { file: String, index: usize, message: String },
 }
 
-/// Parses one or more Gateway documents (YAML, `---`-separated, or JSON).
+/// The list kinds `parse` unwraps into their items: `get -o json|yaml`
+/// prints a `GatewayList`, and kubectl users write `List`.
+pub const LIST_KINDS: [&str; 2] = ["GatewayList", "List"];
+
+/// The items of a list document (`kind: GatewayList` or `List`), or the
+/// document itself.
+fn expand_list(value: serde_json::Value) -> Result<Vec<serde_json::Value>, String> {
+    let kind = value.get("kind").and_then(serde_json::Value::as_str).unwrap_or_default();
+    if !LIST_KINDS.contains(&kind) {
+        return Ok(vec![value]);
+    }
+    match value.get("items") {
+        Some(serde_json::Value::Array(items)) => Ok(items.clone()),
+        None | Some(serde_json::Value::Null) => Ok(Vec::new()),
+        Some(_) => Err(format!("the items of a {kind} must be a list")),
+    }
+}
+
+/// Parses one or more Gateway documents (YAML, `---`-separated, or JSON;
+/// a `GatewayList` or `List` stands for its items).
 pub fn parse(text: &str, source: &str) -> Result<Vec<GatewayDoc>, ManifestError> {
     let parse_error = |message: String| ManifestError::Parse { file: source.into(), message };
-    let docs: Vec<GatewayDoc> = if text.trim_start().starts_with(['{', '[']) {
-        let value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| parse_error(e.to_string()))?;
-        match value {
-            serde_json::Value::Array(items) => items
-                .into_iter()
-                .map(serde_json::from_value)
-                .collect::<Result<_, _>>()
-                .map_err(|e| parse_error(e.to_string()))?,
-            single => vec![serde_json::from_value(single).map_err(|e| parse_error(e.to_string()))?],
+    let json = text.trim_start().starts_with(['{', '[']);
+    let values: Vec<serde_json::Value> = if json {
+        match serde_json::from_str(text).map_err(|e| parse_error(e.to_string()))? {
+            serde_json::Value::Array(items) => items,
+            single => vec![single],
         }
     } else {
+        serde_saphyr::from_multiple(text).map_err(|e| parse_error(e.to_string()))?
+    };
+    let is_list = |v: &serde_json::Value| {
+        LIST_KINDS.contains(&v.get("kind").and_then(serde_json::Value::as_str).unwrap_or_default())
+    };
+    let docs: Vec<GatewayDoc> = if json || values.iter().any(is_list) {
+        let mut items = Vec::new();
+        for value in values {
+            items.extend(expand_list(value).map_err(parse_error)?);
+        }
+        items
+            .into_iter()
+            .map(serde_json::from_value)
+            .collect::<Result<_, _>>()
+            .map_err(|e| parse_error(e.to_string()))?
+    } else {
+        // Typed from the text itself, so that a mistake names its line.
         serde_saphyr::from_multiple(text).map_err(|e| parse_error(e.to_string()))?
     };
     for (i, doc) in docs.iter().enumerate() {
@@ -330,6 +365,24 @@ mod tests {
         let two =
             parse(&format!("{MINIMAL}---\n{}", MINIMAL.replace("edge", "core")), "b.yaml").unwrap();
         assert_eq!(two.len(), 2);
+    }
+
+    #[test]
+    fn a_list_stands_for_its_items() {
+        let item = r#"{"apiVersion":"gantry.dev/v1","kind":"Gateway","metadata":{"name":"NAME","resourceVersion":4},"spec":{"image":"x"},"status":{"phase":"RUNNING"}}"#;
+        let list = format!(
+            r#"{{"apiVersion":"gantry.dev/v1","kind":"GatewayList","metadata":{{"resourceVersion":9}},"items":[{},{}]}}"#,
+            item.replace("NAME", "a"),
+            item.replace("NAME", "b")
+        );
+        let names = |docs: Vec<GatewayDoc>| -> Vec<String> {
+            docs.into_iter().map(|d| d.metadata.name).collect()
+        };
+        assert_eq!(names(parse(&list, "list.json").unwrap()), ["a", "b"]);
+        let yaml = format!("apiVersion: v1\nkind: List\nitems:\n- {}\n", item.replace("NAME", "c"));
+        assert_eq!(names(parse(&yaml, "list.yaml").unwrap()), ["c"]);
+        let empty = "apiVersion: gantry.dev/v1\nkind: GatewayList\nitems: []\n";
+        assert!(parse(empty, "empty.yaml").unwrap_err().to_string().contains("no documents"));
     }
 
     #[test]

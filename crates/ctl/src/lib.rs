@@ -11,6 +11,7 @@ pub mod config;
 pub mod ctl;
 pub mod errors;
 pub mod local;
+pub mod merge;
 pub mod output;
 mod read;
 pub mod template;

@@ -62,22 +62,27 @@ pub fn read(path: &str) -> Result<String, CtlError> {
 }
 
 /// Every document of every file `-f` names, in order; a file that cannot
-/// be read or parsed is one `Err` item naming it, so that the others are
-/// still tried.
+/// be read or parsed is one `Err` item naming it (the error itself does
+/// not repeat the name), so that the others are still tried.
 pub fn documents(paths: &[String], recursive: bool) -> Vec<Result<GatewayDoc, (String, CtlError)>> {
+    let unnamed = |path: &str, e: CtlError| {
+        let text = e.to_string();
+        let said = text.strip_prefix(&format!("{path}: ")).unwrap_or(&text).to_string();
+        (path.to_string(), msg(said))
+    };
     let mut docs = Vec::new();
     for path in paths {
         let files = match expand(path, recursive) {
             Ok(files) => files,
             Err(e) => {
-                docs.push(Err((path.clone(), e)));
+                docs.push(Err(unnamed(path, e)));
                 continue;
             }
         };
         for file in files {
             match read(&file).and_then(|t| Ok(manifest::parse(&t, &file)?)) {
                 Ok(parsed) => docs.extend(parsed.into_iter().map(Ok)),
-                Err(e) => docs.push(Err((file, e))),
+                Err(e) => docs.push(Err(unnamed(&file, e))),
             }
         }
     }
@@ -211,8 +216,13 @@ pub async fn diff(
     }
 }
 
+/// A gateway as `diff` shows it: without apply's record (it repeats the
+/// change) and the update time (every write changes it).
 fn yaml(doc: &GatewayDoc) -> Result<String, CtlError> {
-    serde_saphyr::to_string(doc).map_err(|e| CtlError::Message(e.to_string()))
+    let mut doc = doc.clone();
+    doc.metadata.annotations.remove(crate::write::LAST_APPLIED_ANNOTATION);
+    doc.metadata.update_time.clear();
+    serde_saphyr::to_string(&doc).map_err(|e| CtlError::Message(e.to_string()))
 }
 
 /// `edit`: opens the gateway in the editor; on any failure after the

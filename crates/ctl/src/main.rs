@@ -55,6 +55,10 @@ enum Command {
         /// Read directories given with -f recursively.
         #[arg(short = 'R', long)]
         recursive: bool,
+        /// Write even over a change made since the file's
+        /// metadata.resourceVersion (which otherwise makes the write conditional).
+        #[arg(long)]
+        force_conflicts: bool,
         #[command(flatten)]
         dry_run: DryRunArg,
     },
@@ -311,7 +315,7 @@ async fn dispatch(
     err: &mut impl std::io::Write,
 ) -> Result<ExitCode, CtlError> {
     match command {
-        Command::Apply { files, recursive, dry_run } => {
+        Command::Apply { files, recursive, force_conflicts, dry_run } => {
             for_each(
                 local::documents(&files, recursive),
                 |doc| match doc {
@@ -319,7 +323,7 @@ async fn dispatch(
                     Err((path, _)) => path.clone(),
                 },
                 async |doc| match doc {
-                    Ok(doc) => ctl.apply(doc, dry_run.on()).await,
+                    Ok(doc) => ctl.apply(doc, dry_run.on(), force_conflicts).await,
                     Err((_, e)) => Err(CtlError::Message(e.to_string())),
                 },
                 out,
@@ -332,8 +336,13 @@ async fn dispatch(
             writeln!(out, "{}", ctl.create(&doc, dry_run.on()).await?)?;
         }
         Command::Get { names, selector, output, no_headers, show_labels, sort_by, watch } => {
-            let options =
-                PrintOptions { single: false, headers: !no_headers, show_labels, sort_by };
+            let options = PrintOptions {
+                single: false,
+                headers: !no_headers,
+                show_labels,
+                sort_by,
+                revision: 0,
+            };
             let revision = ctl.get_cmd(&names, &selector, &output, &options, out, err).await?;
             if watch {
                 ctl.get_watch(&names, &selector, &output, &options, revision, out).await?;

@@ -7,7 +7,7 @@ use gantry_api::v1::{ConditionStatus, Gateway, Phase};
 
 use crate::errors::CtlError;
 use crate::template::{custom_columns, Path, Template};
-use gantry_client::manifest::GatewayDoc;
+use gantry_client::manifest::{self, GatewayDoc};
 
 /// `-o` formats.
 #[derive(Clone, Debug, PartialEq)]
@@ -65,6 +65,9 @@ pub struct PrintOptions {
     pub show_labels: bool,
     /// Sort by this field (`--sort-by`).
     pub sort_by: Option<Path>,
+    /// The revision a list was read at: its `metadata.resourceVersion`,
+    /// from which a watch continues.
+    pub revision: i64,
 }
 
 /// Orders gateways by the value of `path` in their JSON, as `--sort-by`
@@ -141,7 +144,12 @@ pub fn print(
         if options.single {
             serde_json::to_value(&docs[0]).unwrap_or_default()
         } else {
-            serde_json::json!({"apiVersion": "gantry.dev/v1", "kind": "GatewayList", "items": docs})
+            serde_json::json!({
+                "apiVersion": manifest::API_VERSION,
+                "kind": manifest::LIST_KINDS[0],
+                "metadata": {"resourceVersion": options.revision},
+                "items": docs,
+            })
         }
     };
     let to_text = |e: serde_json::Error| CtlError::Message(e.to_string());
@@ -155,17 +163,10 @@ pub fn print(
             writeln!(out, "{}", serde_json::to_string_pretty(&json(&docs())).map_err(to_text)?)?;
         }
         Format::Yaml => {
-            let docs = docs();
-            let text = if options.single {
-                serde_saphyr::to_string(&docs[0]).map_err(|e| CtlError::Message(e.to_string()))?
-            } else {
-                docs.iter()
-                    .map(|d| {
-                        serde_saphyr::to_string(d).map_err(|e| CtlError::Message(e.to_string()))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?
-                    .join("---\n")
-            };
+            // A list is one GatewayList document (empty or not), as
+            // `kubectl get -o yaml` prints a List.
+            let text = serde_saphyr::to_string(&json(&docs()))
+                .map_err(|e| CtlError::Message(e.to_string()))?;
             writeln!(out, "{}", text.trim_end())?;
         }
         Format::JsonPath(template) => write!(out, "{}", template.render(&json(&docs())))?,
@@ -376,7 +377,7 @@ mod tests {
 
     fn render(format: Format) -> String {
         let mut out = Vec::new();
-        let options = PrintOptions { headers: true, ..Default::default() };
+        let options = PrintOptions { headers: true, revision: 12, ..Default::default() };
         print(&[gateway()], &format, &options, &mut out).unwrap();
         String::from_utf8(out).unwrap()
     }
@@ -391,7 +392,7 @@ mod tests {
         describe(&g, &mut out).unwrap();
         let mut table = Vec::new();
         g.status.as_mut().unwrap().message = evil;
-        let options = PrintOptions { headers: true, ..Default::default() };
+        let options = PrintOptions { headers: true, revision: 12, ..Default::default() };
         print(&[g], &Format::Wide, &options, &mut table).unwrap();
         for text in [out, table] {
             let text = String::from_utf8(text).unwrap();
@@ -420,7 +421,19 @@ mod tests {
         assert_eq!(render(Format::Name), "gateway/edge\n");
         let json: serde_json::Value = serde_json::from_str(&render(Format::Json)).unwrap();
         assert_eq!(json["items"][0]["status"]["phase"], "RUNNING");
+        assert_eq!(json["metadata"]["resourceVersion"], 12);
         assert!(render(Format::Yaml).contains("name: edge"));
+        let mut empty = Vec::new();
+        let options = PrintOptions { revision: 12, ..Default::default() };
+        print(&[], &Format::Yaml, &options, &mut empty).unwrap();
+        let empty = String::from_utf8(empty).unwrap();
+        let parsed: serde_json::Value = serde_saphyr::from_str(&empty).unwrap();
+        assert_eq!(
+            parsed,
+            serde_json::json!({"apiVersion": "gantry.dev/v1", "kind": "GatewayList",
+                "metadata": {"resourceVersion": 12}, "items": []}),
+            "{empty}"
+        );
     }
 
     #[test]

@@ -69,7 +69,7 @@ impl Ctl {
         // A list prints even when empty (an empty GatewayList for json);
         // named gateways that are all missing print nothing.
         if names.is_empty() || !gateways.is_empty() {
-            let single = PrintOptions { single: names.len() == 1, ..options.clone() };
+            let single = PrintOptions { single: names.len() == 1, revision, ..options.clone() };
             output::print(&gateways, format, &single, out)?;
         }
         match missing {

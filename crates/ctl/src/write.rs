@@ -10,11 +10,10 @@ use prost_types::FieldMask;
 use crate::args::{Condition, LabelChange};
 use crate::ctl::{dry_run_note, for_each, metadata_write, Ctl};
 use crate::errors::{msg, CtlError};
+use crate::merge;
 use gantry_client::manifest::{self, GatewayDoc};
 
-/// Annotation `retry` sets (the reconciler resets the retry budget when it
-/// changes).
-pub const RETRY_ANNOTATION: &str = "gantry.dev/retry-requested-at";
+pub use gantry_api::{LAST_APPLIED_ANNOTATION, RETRY_ANNOTATION};
 
 /// What `apply` and `edit` write: the rest belongs to the store and the
 /// reconciler.
@@ -44,6 +43,20 @@ impl std::fmt::Display for Verdict {
     }
 }
 
+/// The conflict of a file pinned to `pinned` (its
+/// `metadata.resourceVersion`) with the gateway at `live` (`None`: gone).
+fn stale(name: &str, pinned: i64, live: Option<i64>) -> CtlError {
+    let now = match live {
+        Some(live) => format!("it is at {live} now"),
+        None => "it does not exist now".into(),
+    };
+    msg(format!(
+        "gateway \"{name}\" was changed since the file's metadata.resourceVersion {pinned} ({now}): \
+         get it again and reapply, remove resourceVersion from the file, or apply with \
+         --force-conflicts to write over the change"
+    ))
+}
+
 /// How an `edit` ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EditOutcome {
@@ -67,18 +80,33 @@ impl Ctl {
         Ok(format!("gateway/{} created{}", doc.metadata.name, dry_run_note(dry_run)))
     }
 
-    /// What applying `doc` does: creates it, updates it (spec, labels and
-    /// the file's annotations; annotations other tools set are kept), or
-    /// nothing; with `dry_run` the store answers the would-be gateway and
-    /// stores nothing. The verdict and the gateway as it is (would be)
-    /// stored.
+    /// What applying `doc` does, as kubectl's client-side apply: creates
+    /// it, or merges it three ways into the live gateway (keys the file
+    /// dropped since the last apply removed, keys others set kept; see
+    /// [`merge::three_way`]) and records it in [`LAST_APPLIED_ANNOTATION`],
+    /// or nothing. A `metadata.resourceVersion` in the file makes the write
+    /// conditional on it (a stale one is a conflict) unless
+    /// `force_conflicts`. With `dry_run` the store answers the would-be
+    /// gateway and stores nothing. The verdict and the gateway as it is
+    /// (would be) stored.
     pub async fn apply_doc(
         &self,
         doc: &GatewayDoc,
         dry_run: bool,
+        force_conflicts: bool,
     ) -> Result<(Verdict, Gateway), CtlError> {
-        let wanted = doc.to_proto();
-        let Some(current) = self.get_opt(&doc.metadata.name).await? else {
+        let name = &doc.metadata.name;
+        let to_json = |d: &GatewayDoc| serde_json::to_value(d).map_err(|e| msg(e.to_string()));
+        let applied = merge::applied_parts(&to_json(doc)?, LAST_APPLIED_ANNOTATION);
+        let record = applied.to_string();
+        let pinned = Some(doc.metadata.resource_version).filter(|v| *v != 0 && !force_conflicts);
+        let Some(current) = self.get_opt(name).await? else {
+            if let Some(pinned) = pinned {
+                return Err(stale(name, pinned, None));
+            }
+            let mut wanted = doc.to_proto();
+            let meta = wanted.metadata.get_or_insert_with(Default::default);
+            meta.annotations.insert(LAST_APPLIED_ANNOTATION.into(), record);
             let created = self
                 .client
                 .clone()
@@ -91,27 +119,42 @@ impl Ctl {
             return Ok((Verdict::Created, created.into_inner()));
         };
         let meta = current.metadata.clone().unwrap_or_default();
+        if let Some(pinned) = pinned.filter(|v| *v != meta.resource_version) {
+            return Err(stale(name, pinned, Some(meta.resource_version)));
+        }
+        let live_doc = GatewayDoc::from_proto(&current);
+        let last: Option<serde_json::Value> = meta
+            .annotations
+            .get(LAST_APPLIED_ANNOTATION)
+            .and_then(|r| serde_json::from_str(r).ok());
+        let mut merged = merge::three_way(last.as_ref(), &to_json(&live_doc)?, &applied);
+        merged["metadata"]["annotations"][LAST_APPLIED_ANNOTATION] = record.into();
+        let merged: GatewayDoc = serde_json::from_value(merged).map_err(|e| msg(e.to_string()))?;
         let spec_changed = gantry_core::canonical::spec_changed(
             &current.spec.clone().unwrap_or_default(),
-            &wanted.spec.clone().unwrap_or_default(),
+            &merged.to_proto().spec.unwrap_or_default(),
         );
-        let wanted_meta = wanted.metadata.clone().unwrap_or_default();
-        let mut annotations = meta.annotations.clone();
-        annotations.extend(wanted_meta.annotations.clone());
-        if !spec_changed && meta.labels == wanted_meta.labels && annotations == meta.annotations {
+        if !spec_changed
+            && merged.metadata.labels == meta.labels
+            && merged.metadata.annotations == meta.annotations
+        {
             return Ok((Verdict::Unchanged, current));
         }
-        let mut update = wanted;
-        let m = update.metadata.get_or_insert_with(Default::default);
-        m.resource_version = meta.resource_version;
-        m.annotations = annotations;
+        let mut update = merged.to_proto();
+        update.metadata.get_or_insert_with(Default::default).resource_version =
+            pinned.unwrap_or(meta.resource_version);
         let updated = self.write(update, &APPLIED_PATHS, dry_run).await?;
         Ok((Verdict::Configured, updated))
     }
 
     /// `apply` of one document; answers `gateway/NAME created|configured|unchanged`.
-    pub async fn apply(&self, doc: &GatewayDoc, dry_run: bool) -> Result<String, CtlError> {
-        let (verdict, _) = self.apply_doc(doc, dry_run).await?;
+    pub async fn apply(
+        &self,
+        doc: &GatewayDoc,
+        dry_run: bool,
+        force_conflicts: bool,
+    ) -> Result<String, CtlError> {
+        let (verdict, _) = self.apply_doc(doc, dry_run, force_conflicts).await?;
         Ok(format!("gateway/{} {verdict}{}", doc.metadata.name, dry_run_note(dry_run)))
     }
 
@@ -143,7 +186,7 @@ impl Ctl {
         doc: &GatewayDoc,
     ) -> Result<(Option<GatewayDoc>, GatewayDoc), CtlError> {
         let live = self.get_opt(&doc.metadata.name).await?;
-        let (_, would) = self.apply_doc(doc, true).await?;
+        let (_, would) = self.apply_doc(doc, true, false).await?;
         Ok((live.as_ref().map(GatewayDoc::from_proto), GatewayDoc::from_proto(&would)))
     }
 

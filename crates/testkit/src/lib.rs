@@ -12,6 +12,7 @@ pub mod backup;
 pub mod calls;
 pub mod certs;
 pub mod cluster;
+pub mod ctl;
 pub mod db;
 pub mod env;
 pub mod gateway;

@@ -40,9 +40,9 @@ use crate::targets::Target;
 
 /// The reconciler's finalizer on every gateway it has seen.
 pub const FINALIZER: &str = "gantry.dev/reconciler";
-/// Annotation carrying a retry request (a timestamp): a new value resets
-/// the retry budget without a spec change (`gatewayctl retry NAME`).
-pub const RETRY_ANNOTATION: &str = "gantry.dev/retry-requested-at";
+
+pub use gantry_api::RETRY_ANNOTATION;
+
 /// Longest a call to the store may take.
 pub const STORE_TIMEOUT: Duration = Duration::from_secs(10);
 
