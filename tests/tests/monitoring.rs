@@ -92,6 +92,64 @@ fn scrape(port: u16) -> String {
     answer.split("\r\n\r\n").nth(1).unwrap().to_string()
 }
 
+/// `GET /metrics` with `Accept: accept`; (head, body).
+fn scrape_accepting(port: u16, accept: &str) -> (String, String) {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let request = format!(
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    (head.to_lowercase(), body.to_string())
+}
+
+/// The exposition formats: the classic text by default, clean under
+/// `promtool check metrics` (its lint too); OpenMetrics when asked for.
+fn check_formats(service: &str, port: u16, classic: &str) {
+    for family in ["process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"]
+    {
+        assert!(
+            classic.lines().any(|l| l.starts_with(&format!("{family} "))),
+            "{service}: {family}"
+        );
+    }
+    let build = format!("gantry_build_info{{service=\"{service}\",version=\"");
+    assert!(classic.contains(&build), "{service}: no {build}");
+    assert!(!classic.contains("# EOF"), "{service}: OpenMetrics served unasked");
+    let (head, open) =
+        scrape_accepting(port, "application/openmetrics-text;version=1.0.0,text/plain;q=0.5");
+    assert!(head.contains("content-type: application/openmetrics-text"), "{head}");
+    assert!(open.trim_end().ends_with("# EOF"), "{service}");
+    let (head, _) = scrape_accepting(port, "text/plain");
+    assert!(head.contains("content-type: text/plain; version=0.0.4"), "{head}");
+    if Command::new("promtool").arg("--version").output().is_err() {
+        assert!(!in_ci(), "promtool is not installed: tests/k8s/setup.sh promtool installs it");
+        skipped("promtool is not installed (tests/k8s/setup.sh promtool): exposition not linted");
+        return;
+    }
+    let mut check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        check.stdin.take().unwrap().write_all(classic.as_bytes()).unwrap();
+    }
+    let out = check.wait_with_output().unwrap();
+    let said =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "promtool check metrics on {service}: {said}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_the_dashboard_and_the_rules_name_is_exported() {
     let dir = temp_dir("monitoring");
@@ -123,6 +181,8 @@ async fn every_metric_the_dashboard_and_the_rules_name_is_exported() {
     reconciler.wait_observed(&client, "edge", 1).await;
 
     let (store_text, reconciler_text) = (scrape(store.http), scrape(reconciler.http));
+    check_formats("gateway-store", store.http, &store_text);
+    check_formats("gateway-reconciler", reconciler.http, &reconciler_text);
     // A call that runs into its timeout still lands in a finite bucket.
     for (family, text, timeout) in [
         ("gantry_store_grpc_request_duration_seconds", &store_text, 30.0),

@@ -26,6 +26,8 @@ pub struct PhaseLabels {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
+    /// `process_*` and `gantry_build_info`.
+    common: gantry_runtime::metrics::Common,
     /// Reconcile passes by outcome: a finished pass's
     /// `controller::Outcome::as_str()` (applied, observed, unchanged,
     /// waiting, failed, deleting, deleted) or a failed pass's
@@ -93,6 +95,10 @@ impl Default for Metrics {
             leader,
             store_watch_up,
             registry,
+            common: gantry_runtime::metrics::Common::new(
+                "gateway-reconciler",
+                env!("CARGO_PKG_VERSION"),
+            ),
             reconciles,
             reconcile_duration,
             queue_depth,
@@ -115,10 +121,9 @@ impl Metrics {
             .observe(started.elapsed().as_secs_f64());
     }
 
-    /// The OpenMetrics text exposition.
+    /// The OpenMetrics text exposition (with `process_*` and
+    /// `gantry_build_info`).
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        self.common.encode(&self.registry)
     }
 }

@@ -1,6 +1,7 @@
 //! The admin port every gantry service serves: `/healthz` (the process
 //! answers), `/readyz` (the service says whether it can do its work, and
-//! why not) and `/metrics` (the OpenMetrics text exposition).
+//! why not) and `/metrics` (OpenMetrics to a scraper that asks for it, the
+//! classic Prometheus text format otherwise: [`crate::metrics`]).
 
 use std::sync::Arc;
 
@@ -16,7 +17,7 @@ pub trait Admin: Send + Sync + 'static {
     /// `Ok` when ready; otherwise why not (`/readyz` answers 503 with it).
     async fn readiness(&self) -> Result<(), String>;
 
-    /// The metrics, gauges refreshed (`/metrics`).
+    /// The metrics, gauges refreshed, as OpenMetrics text (`/metrics`).
     fn metrics(&self) -> String;
 }
 
@@ -36,9 +37,15 @@ async fn readyz(State(admin): State<Arc<dyn Admin>>) -> impl IntoResponse {
     }
 }
 
-async fn metrics(State(admin): State<Arc<dyn Admin>>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-        admin.metrics(),
-    )
+async fn metrics(
+    State(admin): State<Arc<dyn Admin>>,
+    headers: axum::http::HeaderMap,
+) -> impl IntoResponse {
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    if crate::metrics::wants_openmetrics(accept) {
+        ([(header::CONTENT_TYPE, crate::metrics::OPENMETRICS)], admin.metrics())
+    } else {
+        let text = crate::metrics::classic_text(&admin.metrics());
+        ([(header::CONTENT_TYPE, crate::metrics::CLASSIC_TEXT)], text)
+    }
 }

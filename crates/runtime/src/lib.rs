@@ -18,6 +18,7 @@
 pub mod admin;
 mod init;
 pub mod log_args;
+pub mod metrics;
 mod propagation;
 pub mod shutdown;
 

@@ -30,6 +30,8 @@ fn latency_histogram() -> Histogram {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
+    /// `process_*` and `gantry_build_info`.
+    common: gantry_runtime::metrics::Common,
     requests: Family<RpcLabels, Counter>,
     latency: Family<MethodLabels, Histogram, fn() -> Histogram>,
     /// Open WatchGateways streams.
@@ -135,6 +137,10 @@ impl Default for Metrics {
             write_batches_failed,
             watchers_too_slow,
             registry,
+            common: gantry_runtime::metrics::Common::new(
+                "gateway-store",
+                env!("CARGO_PKG_VERSION"),
+            ),
             requests,
             latency,
             watch_subscribers,
@@ -181,12 +187,10 @@ impl Metrics {
             .observe(started.elapsed().as_secs_f64());
     }
 
-    /// The OpenMetrics text exposition.
+    /// The OpenMetrics text exposition (with `process_*` and
+    /// `gantry_build_info`).
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
-        out
+        self.common.encode(&self.registry)
     }
 }
 
