@@ -19,15 +19,41 @@ use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 
-/// One exported span: its service, name, ids.
+const CREATE: &str = "gantry.v1.GatewayService/CreateGateway";
+const UPDATE: &str = "gantry.v1.GatewayService/UpdateGateway";
+const GET: &str = "gantry.v1.GatewayService/GetGateway";
+
+/// One exported span: its service, name, ids, kind, attributes, status.
 #[derive(Debug, Clone)]
 struct Span {
     service: String,
+    version: String,
     name: String,
     trace: Vec<u8>,
     id: Vec<u8>,
     parent: Vec<u8>,
+    kind: SpanKind,
+    attributes: BTreeMap<String, String>,
+    error: bool,
+}
+
+/// An attribute's value as text.
+fn text(value: Option<&AnyValue>) -> String {
+    match value.and_then(|v| v.value.as_ref()) {
+        Some(any_value::Value::StringValue(s)) => s.clone(),
+        Some(any_value::Value::IntValue(i)) => i.to_string(),
+        Some(any_value::Value::BoolValue(b)) => b.to_string(),
+        Some(any_value::Value::DoubleValue(d)) => d.to_string(),
+        _ => String::new(),
+    }
+}
+
+fn attributes(list: &[KeyValue]) -> BTreeMap<String, String> {
+    list.iter().map(|a| (a.key.clone(), text(a.value.as_ref()))).collect()
 }
 
 #[derive(Clone, Default)]
@@ -41,23 +67,17 @@ impl TraceService for Collector {
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
         let mut spans = self.0.lock().unwrap();
         for resource in request.into_inner().resource_spans {
-            let service = resource
-                .resource
-                .iter()
-                .flat_map(|r| &r.attributes)
-                .find(|a| a.key == "service.name")
-                .and_then(|a| a.value.as_ref())
-                .and_then(|v| match &v.value {
-                    Some(
-                        opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(s),
-                    ) => Some(s.clone()),
-                    _ => None,
-                })
-                .unwrap_or_default();
+            let process = attributes(resource.resource.as_ref().map_or(&[][..], |r| &r.attributes));
+            let service = process.get("service.name").cloned().unwrap_or_default();
+            let version = process.get("service.version").cloned().unwrap_or_default();
             for scope in resource.scope_spans {
                 for span in scope.spans {
                     spans.push(Span {
                         service: service.clone(),
+                        version: version.clone(),
+                        kind: span.kind(),
+                        attributes: attributes(&span.attributes),
+                        error: span.status.as_ref().is_some_and(|s| s.code() == StatusCode::Error),
                         name: span.name,
                         trace: span.trace_id,
                         id: span.span_id,
@@ -134,9 +154,9 @@ async fn one_apply_is_one_trace_from_gatewayctl_through_the_store_to_the_reconci
                     .iter()
                     .any(|s| s.trace == root.trace && s.service == service && s.name == name)
             };
-            traced("gateway-store", "CreateGateway")
+            traced("gateway-store", CREATE)
                 && traced("gateway-reconciler", "reconcile")
-                && traced("gateway-store", "UpdateGateway")
+                && traced("gateway-store", UPDATE)
         });
         if done {
             let by_id: BTreeMap<Vec<u8>, Span> = spans
@@ -157,17 +177,41 @@ async fn one_apply_is_one_trace_from_gatewayctl_through_the_store_to_the_reconci
     assert!(traceparent.contains(&hex), "the annotation names the command's trace");
     let parent_of = |s: &Span| by_id.get(&s.parent).cloned();
     let store_calls: Vec<&Span> = by_id.values().filter(|s| s.service == "gateway-store").collect();
-    let create = store_calls.iter().find(|s| s.name == "CreateGateway").expect("the create's span");
-    assert_eq!(parent_of(create).unwrap().id, root.id, "the store's RPC is the command's child");
+    let create = store_calls.iter().find(|s| s.name == CREATE).expect("the create's span");
+    assert_eq!(create.kind, SpanKind::Server);
+    let rpc = |span: &Span| {
+        ["rpc.system", "rpc.service", "rpc.method", "rpc.grpc.status_code"]
+            .map(|k| span.attributes.get(k).cloned().unwrap_or_default())
+    };
+    assert_eq!(rpc(create), ["grpc", "gantry.v1.GatewayService", "CreateGateway", "0"]);
+    assert!(!create.error);
+    // The command's own call is a CLIENT span between its root and the
+    // store's SERVER span (the apply's first call is a get, NOT_FOUND).
+    let call = parent_of(create).unwrap();
+    assert_eq!((call.service.as_str(), call.name.as_str()), ("gatewayctl", CREATE));
+    assert_eq!((call.kind, rpc(&call)[3].as_str()), (SpanKind::Client, "0"));
+    assert_eq!(parent_of(&call).unwrap().id, root.id, "the call is the command's child");
+    let lookup = by_id
+        .values()
+        .find(|s| s.service == "gatewayctl" && s.name == GET)
+        .expect("the apply's read");
+    assert!(lookup.error && rpc(lookup)[3] == "5", "a NOT_FOUND call is an error: {lookup:?}");
+    let served = by_id.values().find(|s| s.parent == lookup.id).expect("its server span");
+    assert!(!served.error && rpc(served)[3] == "5", "NOT_FOUND is the caller's: {served:?}");
+    for span in by_id.values() {
+        assert_eq!(span.version, env!("CARGO_PKG_VERSION"), "{span:?}");
+    }
     let pass = by_id
         .values()
         .find(|s| s.service == "gateway-reconciler" && s.name == "reconcile")
         .expect("the reconciler's pass");
     assert_eq!(parent_of(pass).unwrap().id, create.id, "the pass continues the create");
     assert!(
-        store_calls.iter().any(|s| s.name == "UpdateGateway"
-            && parent_of(s).is_some_and(|p| p.service == "gateway-reconciler")),
-        "the pass's status write is in the trace too: {by_id:?}"
+        store_calls.iter().any(|s| s.name == UPDATE
+            && parent_of(s).is_some_and(|p| p.service == "gateway-reconciler"
+                && p.kind == SpanKind::Client
+                && p.name == UPDATE)),
+        "the pass's status write is in the trace too, through its CLIENT span: {by_id:?}"
     );
     drop(reconciler);
     let _ = std::fs::remove_dir_all(dir);

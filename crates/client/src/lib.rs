@@ -19,6 +19,7 @@
 
 pub mod config;
 pub mod manifest;
+pub mod traced;
 pub mod watch;
 pub mod write;
 
@@ -32,8 +33,10 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Status};
 
+pub use traced::Traced;
+
 /// The generated client with the bearer token attached to every call.
-pub type GatewayClient = GatewayServiceClient<InterceptedService<Channel, BearerToken>>;
+pub type GatewayClient = GatewayServiceClient<Traced<InterceptedService<Channel, BearerToken>>>;
 
 /// Adds `authorization: Bearer <token>` to every request. `Debug` hides
 /// the token.
@@ -222,7 +225,7 @@ pub async fn connect(config: &ClientConfig) -> Result<GatewayClient, ClientError
 pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 
 fn wrap(channel: Channel, token: BearerToken) -> GatewayClient {
-    GatewayServiceClient::with_interceptor(channel, token)
+    GatewayServiceClient::new(Traced(InterceptedService::new(channel, token)))
         .max_decoding_message_size(MAX_RESPONSE_BYTES)
 }
 

@@ -91,8 +91,14 @@ pub fn init(
                 .with_endpoint(endpoint)
                 .build()
                 .map_err(|source| TelemetryError::Exporter { endpoint: endpoint.into(), source })?;
-            let resource =
-                opentelemetry_sdk::Resource::builder().with_service_name(service).build();
+            let resource = opentelemetry_sdk::Resource::builder()
+                .with_service_name(service)
+                // Every gantry binary shares the workspace's version.
+                .with_attribute(opentelemetry::KeyValue::new(
+                    "service.version",
+                    env!("CARGO_PKG_VERSION"),
+                ))
+                .build();
             let provider = SdkTracerProvider::builder()
                 .with_batch_exporter(exporter)
                 .with_resource(resource)
@@ -101,7 +107,7 @@ pub fn init(
                 .with_tracer(provider.tracer(service))
                 // Only gantry's own spans, not every dependency's.
                 .with_filter(EnvFilter::new(
-                    "gantry_store=info,gantry_reconciler=info,gantry_ctl=info,gatewayctl=info,warn",
+                    "gantry_store=info,gantry_reconciler=info,gantry_ctl=info,gatewayctl=info,gantry_runtime::rpc_span=info,warn",
                 ));
             (Some(provider), Some(layer))
         }

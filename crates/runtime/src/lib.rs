@@ -20,6 +20,7 @@ mod init;
 pub mod log_args;
 pub mod metrics;
 mod propagation;
+pub mod rpc_span;
 pub mod shutdown;
 
 pub use init::{init, otlp_endpoint, LogStyle, Telemetry, TelemetryError};

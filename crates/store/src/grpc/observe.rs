@@ -10,6 +10,7 @@
 //! starts, as a unary call is when it answers; an error that ends a stream
 //! later travels in its trailers and is not counted here.
 
+use gantry_runtime::rpc_span::{self, Side};
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -101,18 +102,13 @@ where
             return Box::pin(self.inner.call(request));
         };
         let caller = Caller::of(&request);
-        let span = tracing::info_span!(
-            "gantry.store.rpc",
-            otel.name = method,
-            rpc.system = "grpc",
-            rpc.method = method
-        );
+        let span = rpc_span::span(Side::Server, request.uri().path());
         gantry_runtime::set_parent(&span, caller.parent.clone());
         let started = Instant::now();
         let answer = tokio::time::timeout(self.layer.request_timeout, self.inner.call(request));
         let layer = self.layer.clone();
         Box::pin(async move {
-            let mut response = match answer.instrument(span).await {
+            let mut response = match answer.instrument(span.clone()).await {
                 Ok(Ok(response)) => too_large_is_resource_exhausted(response),
                 Err(_elapsed) => Status::deadline_exceeded(format!(
                     "{method} did not finish within {:?} (--request-timeout); a write may still commit: read the gateway again before retrying",
@@ -122,6 +118,12 @@ where
             };
             let status = Status::from_header_map(response.headers());
             let code = status.as_ref().map_or(Code::Ok, Status::code);
+            rpc_span::finish(
+                &span,
+                Side::Server,
+                code,
+                status.as_ref().map_or("", Status::message),
+            );
             layer.metrics.observe(method, started, code);
             if let Some(status) = status.filter(|s| s.code() != Code::Ok) {
                 layer.log(method, &caller, &status);
