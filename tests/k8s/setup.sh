@@ -12,9 +12,12 @@
 #              versus` runs side by side with gantry (needs root).
 #   promtool   Debian's prometheus package, for `promtool check rules` and
 #              `promtool test rules` on deploy/monitoring (needs root).
+#   grpcurl    grpcurl built from the Go module pinned in tests/tools/grpcurl,
+#              cached like the control plane (keyed by its pins and Go).
 #   bin-dir    print the directory the k8s binaries are (or would be) in, and
 #              build nothing; the Rust test harness asks this.
-#   all        postgres, etcd, promtool, then k8s (the default).
+#   grpcurl-bin  print where grpcurl is (or would be), building nothing.
+#   all        postgres, etcd, promtool, grpcurl, then k8s (the default).
 #
 # Everything is fetched through Debian's packages and the Go module proxy.
 # GANTRY_K8S_CACHE moves the cache (default ~/.cache/gantry/k8s).
@@ -29,10 +32,35 @@ export GOFLAGS="${GOFLAGS:--buildvcs=false}"
 # so that /version and `kubectl version` tell the truth.
 kube_version() { grep -oE 'k8s.io/kubernetes v[0-9]+\.[0-9]+\.[0-9]+' "$tools/kube/go.mod" | head -n1 | cut -d' ' -f2; }
 
+cache_root() { echo "${GANTRY_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gantry/k8s}"; }
+
+grpcurl_bin() {
+  local mod="$here/../tools/grpcurl" key version
+  key="$( (cat "$mod/go.mod" "$mod/go.sum"; go env GOVERSION) | sha256sum | cut -c1-16)"
+  version="$(grep -oE 'github.com/fullstorydev/grpcurl v[0-9.]+' "$mod/go.mod" | cut -d' ' -f2)"
+  echo "$(cache_root)/grpcurl-$version-$key/grpcurl"
+}
+
+setup_grpcurl() {
+  local bin mod="$here/../tools/grpcurl" version
+  bin="$(grpcurl_bin)"
+  if [ -x "$bin" ]; then
+    echo "grpcurl: cached at $bin"
+    return
+  fi
+  command -v go >/dev/null || { echo "grpcurl: Go is needed to build it (go 1.26)" >&2; exit 1; }
+  version="$(grep -oE 'github.com/fullstorydev/grpcurl v[0-9.]+' "$mod/go.mod" | cut -d' ' -f2)"
+  mkdir -p "$(dirname "$bin")"
+  (cd "$mod" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$version" -o "$bin.tmp.$$" \
+    github.com/fullstorydev/grpcurl/cmd/grpcurl)
+  mv "$bin.tmp.$$" "$bin"
+  echo "grpcurl: built $version into $bin"
+}
+
 bin_dir() {
   local key
   key="$( (cat "$tools"/*/go.mod "$tools"/*/go.sum; go env GOVERSION) | sha256sum | cut -c1-16)"
-  echo "${GANTRY_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gantry/k8s}/$(kube_version)-$key/bin"
+  echo "$(cache_root)/$(kube_version)-$key/bin"
 }
 
 setup_postgres() {
@@ -125,6 +153,8 @@ case "${1:-all}" in
   bin-dir) bin_dir ;;
   etcd) setup_etcd ;;
   promtool) setup_promtool ;;
-  all) setup_postgres; setup_etcd; setup_promtool; setup_k8s ;;
-  *) echo "usage: $0 [all|postgres|etcd|promtool|k8s|bin-dir]" >&2; exit 2 ;;
+  grpcurl) setup_grpcurl ;;
+  grpcurl-bin) grpcurl_bin ;;
+  all) setup_postgres; setup_etcd; setup_promtool; setup_grpcurl; setup_k8s ;;
+  *) echo "usage: $0 [all|postgres|etcd|promtool|grpcurl|k8s|bin-dir|grpcurl-bin]" >&2; exit 2 ;;
 esac

@@ -115,7 +115,12 @@ pub async fn serve(
     let api = observe.layer(
         GatewayServiceServer::new(api)
             .max_decoding_message_size(MAX_REQUEST_BYTES)
-            .max_encoding_message_size(MAX_RESPONSE_BYTES),
+            .max_encoding_message_size(MAX_RESPONSE_BYTES)
+            // gzip-compressed requests are read (the limit above bounds the
+            // message decompressed), and a client that accepts gzip gets
+            // its answers compressed.
+            .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+            .send_compressed(tonic::codec::CompressionEncoding::Gzip),
     );
     let grpc_server = grpc_server(&settings, api, health_service, grpc, connections, async move {
         grpc_stop.await;
@@ -162,11 +167,15 @@ fn grpc_server(
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(gantry_api::v1::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        // The error details the store sends (google.rpc.BadRequest,
+        // ErrorInfo, ...), so that grpcurl and grpcui decode them.
+        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     // Older tools (grpcurl before 1.9) only speak the v1alpha protocol.
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(gantry_api::v1::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
     let limits = &settings.limits;
     let mut builder = Server::builder()

@@ -572,3 +572,31 @@ impl Drop for ControlPlane {
         }
     }
 }
+
+/// grpcurl built by `tests/k8s/setup.sh grpcurl` (`GANTRY_GRPCURL`
+/// overrides). `None` (with one `SKIPPED` line) when it is not there, a
+/// panic under `CI=true`.
+pub fn grpcurl() -> Option<PathBuf> {
+    let path = match std::env::var_os("GANTRY_GRPCURL") {
+        Some(path) => PathBuf::from(path),
+        None => Command::new("bash")
+            .arg(k8s_dir().join("setup.sh"))
+            .arg("grpcurl-bin")
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map_or_else(
+                || PathBuf::from("/nonexistent"),
+                |o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()),
+            ),
+    };
+    if path.is_file() {
+        return Some(path);
+    }
+    assert!(!in_ci(), "CI=true but grpcurl is not at {}: run tests/k8s/setup.sh", path.display());
+    skipped(&format!(
+        "grpcurl not at {} (build it with tests/k8s/setup.sh grpcurl)",
+        path.display()
+    ));
+    None
+}
