@@ -13,7 +13,6 @@ import (
 	"time"
 
 	gantryv1 "github.com/gantry-dev/gantry/clients/go/gantry/v1"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -50,6 +49,7 @@ const (
 	Interrupted
 )
 
+// String is the kind's name, as printed.
 func (k Kind) String() string {
 	return [...]string{"Init", "InitPage", "InitDone", "Applied", "Deleted", "Bookmark", "Interrupted"}[k]
 }
@@ -272,16 +272,9 @@ func permanent(err error) bool {
 
 // compacted: the watched revision is outside the store's history.
 func compacted(err error) bool {
-	s, ok := status.FromError(err)
-	if !ok || s.Code() != codes.OutOfRange {
+	if status.Code(err) != codes.OutOfRange {
 		return false
 	}
-	for _, detail := range s.Details() {
-		if info, ok := detail.(*errdetails.ErrorInfo); ok {
-			if info.GetReason() == ReasonRevisionCompacted || info.GetReason() == ReasonRevisionFuture {
-				return true
-			}
-		}
-	}
-	return false
+	r := reason(err)
+	return r == ReasonRevisionCompacted || r == ReasonRevisionFuture
 }

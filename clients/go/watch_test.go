@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -26,45 +27,75 @@ const patience = 30 * time.Second
 // store is a gateway-store process (GANTRY_STORE_BIN) on fixed ports,
 // restartable on the same database.
 type store struct {
-	t    *testing.T
-	args []string
-	http string
-	grpc string
-	cmd  *exec.Cmd
-	log  *os.File
+	fatalf func(format string, args ...any)
+	args   []string
+	http   string
+	grpc   string
+	cmd    *exec.Cmd
+	log    *os.File
 }
 
-func freePort(t *testing.T) string {
+func freePort() string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		panic(err)
 	}
 	defer l.Close()
 	return l.Addr().String()
 }
 
-func startStore(t *testing.T, extra ...string) *store {
-	bin := os.Getenv("GANTRY_STORE_BIN")
-	if bin == "" {
-		if os.Getenv("CI") != "" && os.Getenv("CI") != "false" && os.Getenv("CI") != "0" {
-			t.Fatal("GANTRY_STORE_BIN is not set: cargo test runs these tests with it (tests/tests/go_client.rs)")
+func inCI() bool {
+	ci := os.Getenv("CI")
+	return ci != "" && ci != "false" && ci != "0"
+}
+
+// TestMain skips the package without a store binary (cargo test runs it
+// with one, tests/tests/go_client.rs) and starts the store the examples
+// use, named by GANTRY_SERVER as gatewayctl reads it.
+func TestMain(m *testing.M) {
+	if os.Getenv("GANTRY_STORE_BIN") == "" {
+		if inCI() {
+			fmt.Fprintln(os.Stderr, "GANTRY_STORE_BIN is not set: cargo test runs these tests with it (tests/tests/go_client.rs)")
+			os.Exit(1)
 		}
-		t.Skip("SKIPPED: GANTRY_STORE_BIN is not set (cargo test --workspace runs these tests with it)")
+		fmt.Fprintln(os.Stderr, "SKIPPED: GANTRY_STORE_BIN is not set (cargo test --workspace runs these tests with it)")
+		os.Exit(0)
 	}
-	dir := t.TempDir()
-	s := &store{t: t, grpc: freePort(t), http: freePort(t)}
+	dir, err := os.MkdirTemp("", "gantry-go-examples-")
+	if err != nil {
+		panic(err)
+	}
+	s := launch(dir, func(format string, args ...any) { panic(fmt.Sprintf(format, args...)) })
+	os.Setenv("GANTRY_SERVER", "http://"+s.grpc)
+	code := m.Run()
+	s.kill()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func startStore(t *testing.T, extra ...string) *store {
+	s := launch(t.TempDir(), t.Fatalf, extra...)
+	t.Cleanup(s.kill)
+	return s
+}
+
+// launch starts a store on a SQLite database in dir.
+func launch(dir string, fatalf func(string, ...any), extra ...string) *store {
+	s := &store{fatalf: fatalf, grpc: freePort(), http: freePort()}
 	s.args = append([]string{
 		"--listen", s.grpc, "--http-listen", s.http,
 		"--database-url", "sqlite://" + filepath.Join(dir, "gantry.db"),
-		"--data-dir", dir, "--allow-unauthenticated",
+		"--data-dir", dir,
 	}, extra...)
+	if !strings.Contains(strings.Join(extra, " "), "--tokens-file") {
+		s.args = append(s.args, "--allow-unauthenticated")
+	}
 	log, err := os.Create(filepath.Join(dir, "store.log"))
 	if err != nil {
-		t.Fatal(err)
+		fatalf("%v", err)
 	}
 	s.log = log
 	s.spawn()
-	t.Cleanup(s.kill)
 	return s
 }
 
@@ -72,9 +103,9 @@ func (s *store) spawn() {
 	s.cmd = exec.Command(os.Getenv("GANTRY_STORE_BIN"), s.args...)
 	s.cmd.Stderr = s.log
 	if err := s.cmd.Start(); err != nil {
-		s.t.Fatal(err)
+		s.fatalf("%v", err)
 	}
-	eventually(s.t, "the store is ready", func() bool {
+	waitFor(s.fatalf, "the store is ready", func() bool {
 		resp, err := http.Get("http://" + s.http + "/readyz")
 		if err != nil {
 			return false
@@ -95,10 +126,15 @@ func (s *store) kill() {
 
 func eventually(t *testing.T, what string, check func() bool) {
 	t.Helper()
+	waitFor(t.Fatalf, what, check)
+}
+
+func waitFor(fatalf func(string, ...any), what string, check func() bool) {
 	deadline := time.Now().Add(patience)
 	for !check() {
 		if time.Now().After(deadline) {
-			t.Fatalf("never: %s", what)
+			fatalf("never: %s", what)
+			return
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

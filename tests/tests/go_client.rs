@@ -37,6 +37,12 @@ fn the_go_client_passes_its_tests_against_a_real_store() {
         "TestEveryChangeExactlyOnceAcrossAStoreRestart",
         "TestResumeBehindCompactionRelists",
         "TestPermanentErrorsEndTheLoop",
+        "TestRetryOnConflictResolvesConflictsAndUnknownOutcomes",
+        "TestDialTLSWithARotatedTokenFile",
+        "TestDialRefusesATokenOverPlaintext",
+        "TestEveryExportedNameHasGodoc",
+        "ExampleDial",
+        "ExampleRetryOnConflict",
     ] {
         assert!(stdout.contains(&format!("--- PASS: {test}")), "{test} did not pass:\n{report}");
     }

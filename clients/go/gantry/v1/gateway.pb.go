@@ -1698,7 +1698,7 @@ const file_gantry_v1_gateway_proto_rawDesc = "" +
 	"\fListGateways\x12\x1e.gantry.v1.ListGatewaysRequest\x1a\x1f.gantry.v1.ListGatewaysResponse\x12D\n" +
 	"\rUpdateGateway\x12\x1f.gantry.v1.UpdateGatewayRequest\x1a\x12.gantry.v1.Gateway\x12D\n" +
 	"\rDeleteGateway\x12\x1f.gantry.v1.DeleteGatewayRequest\x1a\x12.gantry.v1.Gateway\x12I\n" +
-	"\rWatchGateways\x12\x1f.gantry.v1.WatchGatewaysRequest\x1a\x15.gantry.v1.WatchEvent0\x01b\x06proto3"
+	"\rWatchGateways\x12\x1f.gantry.v1.WatchGatewaysRequest\x1a\x15.gantry.v1.WatchEvent0\x01B<Z:github.com/gantry-dev/gantry/clients/go/gantry/v1;gantryv1b\x06proto3"
 
 var (
 	file_gantry_v1_gateway_proto_rawDescOnce sync.Once
