@@ -7,6 +7,8 @@
 #![forbid(unsafe_code)]
 
 pub mod args;
+pub mod cli;
+pub mod commands;
 pub mod config;
 pub mod ctl;
 pub mod errors;

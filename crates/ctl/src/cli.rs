@@ -1,0 +1,288 @@
+//! gatewayctl's command line: its flags, subcommands and their help, as
+//! clap reads them (`main.rs` parses, [`crate::commands`] runs).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use gantry_core::duration::parse_duration;
+
+use crate::args::{self, gateway_name, Condition, LabelChange};
+use crate::output::Format;
+use crate::template::Path;
+
+/// The command line for gantry Gateways.
+#[derive(Parser, Debug)]
+#[command(
+    name = "gatewayctl",
+    version,
+    about = "Manage gantry Gateways: apply, diff, get, describe, edit, label, wait, retry, delete, watch",
+    after_help = "Examples:\n  gatewayctl apply -f examples/minimal.yaml\n  gatewayctl get\n  gatewayctl wait edge --for=condition=Ready --timeout=60s\n  gatewayctl describe edge\n  gatewayctl delete edge --wait"
+)]
+pub struct Cli {
+    /// gRPC URL of gateway-store (overrides the context).
+    #[arg(long, env = "GANTRY_SERVER", global = true)]
+    pub server: Option<String>,
+    /// Bearer token (overrides the context).
+    #[arg(long, env = "GANTRY_TOKEN", global = true, hide_env_values = true)]
+    pub token: Option<String>,
+    /// PEM CA certificate for an https:// server (overrides the context).
+    #[arg(long, env = "GANTRY_CA", global = true)]
+    pub ca: Option<PathBuf>,
+    /// Config file with contexts.
+    #[arg(long, env = "GANTRY_CONFIG", global = true)]
+    pub config: Option<PathBuf>,
+    /// Context to use instead of the current one.
+    #[arg(long, env = "GANTRY_CONTEXT", global = true)]
+    pub context: Option<String>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create or update gateways from YAML or JSON files, directories or stdin.
+    #[command(
+        after_help = "Examples:\n  gatewayctl apply -f examples/full.yaml\n  gatewayctl apply -f gateways/ --dry-run=server\n  cat gw.yaml | gatewayctl apply -f -"
+    )]
+    Apply {
+        /// A file of gateway documents, a directory of them (.yaml, .yml,
+        /// .json), or "-" for stdin (repeatable).
+        #[arg(short = 'f', long = "filename", required = true)]
+        files: Vec<String>,
+        /// Read directories given with -f recursively.
+        #[arg(short = 'R', long)]
+        recursive: bool,
+        /// Write even over a change made since the file's
+        /// metadata.resourceVersion (which otherwise makes the write conditional).
+        #[arg(long)]
+        force_conflicts: bool,
+        #[command(flatten)]
+        dry_run: DryRunArg,
+    },
+    /// Create a gateway from flags; an existing name is refused.
+    #[command(
+        after_help = "Example:\n  gatewayctl create edge --image ghcr.io/acme/gateway:1.0 --replicas 2 --route-host edge.example.com"
+    )]
+    Create {
+        #[command(flatten)]
+        flags: args::CreateFlags,
+        #[command(flatten)]
+        dry_run: DryRunArg,
+    },
+    /// List gateways or show some.
+    #[command(
+        after_help = "Examples:\n  gatewayctl get\n  gatewayctl get -l team=payments -o wide --show-labels\n  gatewayctl get edge -o json\n  gatewayctl get -o jsonpath='{range .items[*]}{.metadata.name}{\"\\n\"}{end}'\n  gatewayctl get -o custom-columns=NAME:.metadata.name,IMAGE:.spec.image --sort-by=.spec.image\n  gatewayctl get --watch"
+    )]
+    Get {
+        /// Gateways to show (NAME or gateway/NAME); all when none.
+        #[arg(value_parser = gateway_name)]
+        names: Vec<String>,
+        /// Label selector (k=v, k!=v, k in (a,b), k notin (a), k, !k).
+        #[arg(short = 'l', long = "selector", default_value = "")]
+        selector: String,
+        /// Output format: table, wide, json, yaml, name, jsonpath=TEMPLATE,
+        /// custom-columns=HEADER:.field.path,...
+        #[arg(short = 'o', long = "output", default_value = "table", value_parser = Format::parse)]
+        output: Format,
+        /// Tables without their header row.
+        #[arg(long)]
+        no_headers: bool,
+        /// Tables with a LABELS column.
+        #[arg(long)]
+        show_labels: bool,
+        /// Sort by a field (a JSONPath such as .metadata.name or {.spec.image}).
+        #[arg(long, value_parser = parse_path)]
+        sort_by: Option<Path>,
+        /// After the listing, print each change as it happens, in the same format.
+        #[arg(short = 'w', long)]
+        watch: bool,
+    },
+    /// Show a gateway's spec, conditions and provisioning steps.
+    #[command(after_help = "Example:\n  gatewayctl describe edge")]
+    Describe {
+        /// The gateway (NAME or gateway/NAME).
+        #[arg(value_parser = gateway_name)]
+        name: String,
+    },
+    /// Show what applying files would change, as a unified diff (exit 0:
+    /// no change, 1: changes, >1: an error).
+    #[command(
+        after_help = "Examples:\n  gatewayctl diff -f examples/full.yaml\n  GANTRY_EXTERNAL_DIFF='diff -u --color' gatewayctl diff -f gateways/"
+    )]
+    Diff {
+        /// A file of gateway documents, a directory of them, or "-" for stdin (repeatable).
+        #[arg(short = 'f', long = "filename", required = true)]
+        files: Vec<String>,
+        /// Read directories given with -f recursively.
+        #[arg(short = 'R', long)]
+        recursive: bool,
+    },
+    /// Edit a gateway in your editor; written back only if nobody changed it meanwhile.
+    #[command(
+        after_help = "The editor is GANTRY_EDITOR, VISUAL or EDITOR (else vi).\n\nExample:\n  EDITOR=nano gatewayctl edit edge"
+    )]
+    Edit {
+        /// The gateway (NAME or gateway/NAME).
+        #[arg(value_parser = gateway_name)]
+        name: String,
+    },
+    /// Set (key=value) or remove (key-) labels of gateways.
+    #[command(
+        after_help = "Examples:\n  gatewayctl label edge team=payments\n  gatewayctl label edge team=checkout --overwrite\n  gatewayctl label edge team-"
+    )]
+    Label {
+        /// The gateway (NAME or gateway/NAME).
+        #[arg(value_parser = gateway_name)]
+        name: String,
+        /// key=value to set, key- to remove.
+        #[arg(required = true)]
+        changes: Vec<LabelChange>,
+        /// Allow replacing the value of an existing label.
+        #[arg(long)]
+        overwrite: bool,
+        #[command(flatten)]
+        dry_run: DryRunArg,
+    },
+    /// Delete gateways by name, label selector, file, or all of them.
+    #[command(
+        after_help = "Examples:\n  gatewayctl delete edge --wait --timeout=2m\n  gatewayctl delete -l team=payments\n  gatewayctl delete -f examples/full.yaml\n  gatewayctl delete --all"
+    )]
+    Delete {
+        /// The gateways (NAME or gateway/NAME); each is tried and reported.
+        #[arg(value_parser = gateway_name)]
+        names: Vec<String>,
+        /// Delete the gateways this label selector selects.
+        #[arg(short = 'l', long = "selector")]
+        selector: Option<String>,
+        /// Delete every gateway.
+        #[arg(long)]
+        all: bool,
+        /// Delete the gateways a file (or directory, or "-") names (repeatable).
+        #[arg(short = 'f', long = "filename")]
+        files: Vec<String>,
+        /// Return only once the gateways are gone.
+        #[arg(long)]
+        wait: bool,
+        /// How long --wait waits (e.g. 30s, 2m).
+        #[arg(long, default_value = "60s", value_parser = parse_duration)]
+        timeout: Duration,
+        #[command(flatten)]
+        dry_run: DryRunArg,
+    },
+    /// Wait for a condition; the exit code tells whether it was met.
+    #[command(
+        after_help = "Examples:\n  gatewayctl wait edge --for=condition=Ready\n  gatewayctl wait edge --for=converged --timeout=2m\n  gatewayctl wait edge --for=delete"
+    )]
+    Wait {
+        /// The gateways (NAME or gateway/NAME).
+        #[arg(required = true, value_parser = gateway_name)]
+        names: Vec<String>,
+        /// condition=<Type>, converged, or delete.
+        #[arg(long = "for")]
+        condition: Condition,
+        /// How long to wait for all of them (e.g. 30s, 2m).
+        #[arg(long, default_value = "60s", value_parser = parse_duration)]
+        timeout: Duration,
+    },
+    /// Ask the reconciler to retry a FAILED gateway now (no spec change).
+    #[command(after_help = "Example:\n  gatewayctl retry edge")]
+    Retry {
+        /// The gateway (NAME or gateway/NAME).
+        #[arg(value_parser = gateway_name)]
+        name: String,
+    },
+    /// Print changes to gateways as they happen.
+    #[command(after_help = "Example:\n  gatewayctl watch -l team=payments")]
+    Watch {
+        /// Label selector (k=v, k!=v, k in (a,b), k notin (a), k, !k).
+        #[arg(short = 'l', long = "selector", default_value = "")]
+        selector: String,
+        /// Only this gateway (NAME or gateway/NAME).
+        #[arg(value_parser = gateway_name)]
+        name: Option<String>,
+    },
+    /// Show or switch the contexts of the config file.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Print the versions of gatewayctl and of the store it talks to.
+    Version {
+        /// Only gatewayctl's version (no connection).
+        #[arg(long)]
+        client: bool,
+    },
+    /// Print a shell completion script.
+    #[command(
+        after_help = "Example:\n  gatewayctl completion bash > /etc/bash_completion.d/gatewayctl"
+    )]
+    Completion {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ConfigCommand {
+    /// List the contexts; the current one is marked with '*'.
+    GetContexts,
+    /// Make a context the current one.
+    UseContext {
+        /// The context's name.
+        name: String,
+    },
+    /// Print the current context's name.
+    CurrentContext,
+}
+
+/// `--dry-run`: none, or server (the store runs every check and stores
+/// nothing).
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct DryRunArg {
+    /// "server": the store runs every check and answers, storing nothing;
+    /// "none": write.
+    #[arg(long = "dry-run", value_enum, default_value_t = DryRun::None, default_missing_value = "server", num_args = 0..=1, require_equals = true)]
+    pub mode: DryRun,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DryRun {
+    None,
+    Server,
+}
+
+impl DryRunArg {
+    pub fn on(self) -> bool {
+        self.mode == DryRun::Server
+    }
+}
+
+pub fn parse_path(text: &str) -> Result<Path, String> {
+    Path::parse(text).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn every_flag_and_argument_has_help_text() {
+        fn missing_help(command: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let id = arg.get_id().as_str();
+                let help = arg.get_help().map(ToString::to_string).unwrap_or_default();
+                if !matches!(id, "help" | "version") && help.trim().is_empty() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in command.get_subcommands() {
+                missing_help(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let command = Cli::command();
+        command.clone().debug_assert();
+        let mut missing = Vec::new();
+        missing_help(&command, "gatewayctl", &mut missing);
+        assert!(missing.is_empty(), "without help text: {missing:?}");
+    }
+}

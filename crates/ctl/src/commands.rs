@@ -1,0 +1,146 @@
+//! Running one gatewayctl command: the config is resolved, then the
+//! command runs on a connected [`Ctl`] and writes to stdout and stderr.
+
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use clap::CommandFactory;
+
+use crate::cli::{Cli, Command, ConfigCommand};
+use crate::config::{self, default_path, ConfigFile};
+use crate::output::PrintOptions;
+use crate::{args, for_each, local, Ctl, CtlError};
+
+pub async fn run(cli: Cli) -> Result<ExitCode, CtlError> {
+    if let Command::Completion { shell } = &cli.command {
+        clap_complete::generate(*shell, &mut Cli::command(), "gatewayctl", &mut std::io::stdout());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let config_path = cli.config.clone().unwrap_or_else(default_path);
+    if cli.config.is_some() && !config_path.exists() {
+        // A config named on purpose that is not there is a mistake, not an
+        // empty config (only the default one may be absent).
+        return Err(CtlError::Message(format!(
+            "config file {} does not exist: check --config (GANTRY_CONFIG)",
+            config_path.display()
+        )));
+    }
+    let file = ConfigFile::load(&config_path).map_err(CtlError::Message)?;
+    let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
+    match cli.command {
+        Command::Config(command) => {
+            match command {
+                ConfigCommand::GetContexts => config::get_contexts(&file, &mut out)?,
+                ConfigCommand::UseContext { name } => {
+                    config::use_context(file, &config_path, &name, &mut out)?;
+                }
+                ConfigCommand::CurrentContext => {
+                    config::current_context(&file, &config_path, &mut out)?;
+                }
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        Command::Version { client: true } => {
+            writeln!(out, "Client Version: {}", env!("CARGO_PKG_VERSION"))?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        _ => {}
+    }
+    let flags = config::Overrides {
+        server: cli.server.clone(),
+        token: cli.token.clone(),
+        ca: cli.ca.clone(),
+        context: cli.context.clone(),
+    };
+    let ctl = config::connect(&flags, &file, &config_path)?;
+    dispatch(&ctl, cli.command, &mut out, &mut err).await
+}
+
+/// Runs one command that talks to the store.
+pub async fn dispatch(
+    ctl: &Ctl,
+    command: Command,
+    out: &mut impl std::io::Write,
+    err: &mut impl std::io::Write,
+) -> Result<ExitCode, CtlError> {
+    match command {
+        Command::Apply { files, recursive, force_conflicts, dry_run } => {
+            for_each(
+                local::documents(&files, recursive),
+                |doc| match doc {
+                    Ok(doc) => format!("gateway/{}", doc.metadata.name),
+                    Err((path, _)) => path.clone(),
+                },
+                async |doc| match doc {
+                    Ok(doc) => ctl.apply(doc, dry_run.on(), force_conflicts).await,
+                    Err((_, e)) => Err(CtlError::Message(e.to_string())),
+                },
+                out,
+                err,
+            )
+            .await?;
+        }
+        Command::Create { flags, dry_run } => {
+            let doc = args::create_doc(flags)?;
+            writeln!(out, "{}", ctl.create(&doc, dry_run.on()).await?)?;
+        }
+        Command::Get { names, selector, output, no_headers, show_labels, sort_by, watch } => {
+            let options = PrintOptions {
+                single: false,
+                headers: !no_headers,
+                show_labels,
+                sort_by,
+                revision: 0,
+            };
+            let revision = ctl.get_cmd(&names, &selector, &output, &options, out, err).await?;
+            if watch {
+                ctl.get_watch(&names, &selector, &output, &options, revision, out).await?;
+            }
+        }
+        Command::Describe { name } => ctl.describe(&name, out).await?,
+        Command::Diff { files, recursive } => {
+            // As `kubectl diff`: 0 no change, 1 changes, anything above an
+            // error (never 1, which would read as "changes").
+            return Ok(match local::diff(ctl, &files, recursive, err).await {
+                Ok(code) => code,
+                Err(CtlError::Reported) => ExitCode::from(2),
+                Err(e) => {
+                    writeln!(err, "error: {e}")?;
+                    ExitCode::from(2)
+                }
+            });
+        }
+        Command::Edit { name } => local::edit(ctl, &name, out, err).await?,
+        Command::Label { name, changes, overwrite, dry_run } => {
+            writeln!(out, "{}", ctl.label(&name, &changes, overwrite, dry_run.on()).await?)?;
+        }
+        Command::Delete { names, selector, all, files, wait, timeout, dry_run } => {
+            let ways = [!names.is_empty(), selector.is_some(), all, !files.is_empty()];
+            if ways.iter().filter(|w| **w).count() != 1 {
+                return Err(CtlError::Message(
+                    "say which gateways: NAME..., -l SELECTOR, -f FILE or --all (one of them)"
+                        .into(),
+                ));
+            }
+            let names = match (selector, all) {
+                (Some(selector), _) => ctl.names(&selector).await?,
+                (None, true) => ctl.names("").await?,
+                _ if !files.is_empty() => local::names_in(&files, err)?,
+                _ => names,
+            };
+            let wait = wait.then_some(timeout);
+            ctl.delete_all(&names, wait, dry_run.on(), out, err).await?;
+        }
+        Command::Wait { names, condition, timeout } => {
+            ctl.wait(&names, &condition, timeout, out).await?;
+        }
+        Command::Retry { name } => ctl.retry(&name, out).await?,
+        Command::Watch { selector, name } => ctl.watch(&selector, name.as_deref(), out).await?,
+        Command::Version { .. } => {
+            writeln!(out, "Client Version: {}", env!("CARGO_PKG_VERSION"))?;
+            writeln!(out, "Server Version: {}", ctl.server_version().await?)?;
+        }
+        Command::Config(_) | Command::Completion { .. } => {}
+    }
+    Ok(ExitCode::SUCCESS)
+}
