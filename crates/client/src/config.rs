@@ -1,4 +1,5 @@
-//! The gatewayctl config file (`~/.config/gantry/config.yaml`): named
+//! The gatewayctl config file (`$XDG_CONFIG_HOME/gantry/config.yaml`, by
+//! default `~/.config/gantry/config.yaml`): named
 //! contexts (server, token, CA) and the current one. Read by gatewayctl,
 //! written by `gatewayctl config` and by gantry-local.
 
@@ -39,10 +40,16 @@ impl std::fmt::Debug for Context {
     }
 }
 
-/// The default config path: `$HOME/.config/gantry/config.yaml`.
+/// The default config path: `gantry/config.yaml` under
+/// `$XDG_CONFIG_HOME` (when set to an absolute path, as the XDG Base
+/// Directory specification says), else under `$HOME/.config`.
 pub fn default_path() -> PathBuf {
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
-    home.join(".config/gantry/config.yaml")
+    let xdg = std::env::var_os("XDG_CONFIG_HOME").map(PathBuf::from).filter(|p| p.is_absolute());
+    let base = xdg.unwrap_or_else(|| {
+        let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+        home.join(".config")
+    });
+    base.join("gantry/config.yaml")
 }
 
 impl ConfigFile {

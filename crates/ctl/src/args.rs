@@ -58,8 +58,10 @@ const OTHER_RESOURCES: [&str; 22] = [
 
 /// Verbs whose first positional argument may be a resource word, as in
 /// kubectl (`get gateways`, `delete gateway gw-5`, `describe gw edge`).
-const NAMING_VERBS: [&str; 9] =
-    ["get", "describe", "edit", "label", "delete", "wait", "retry", "watch", "create"];
+const NAMING_VERBS: [&str; 12] = [
+    "get", "describe", "edit", "label", "annotate", "scale", "patch", "delete", "wait", "retry",
+    "watch", "create",
+];
 
 /// Drops a leading resource word (`gateway`, `gateways`, `gw`) of a verb's
 /// positional arguments, as kubectl reads `VERB TYPE NAME...`: the first
@@ -130,7 +132,7 @@ pub fn gateway_name(arg: &str) -> Result<String, String> {
 }
 
 /// What `wait --for` waits for.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Condition {
     /// `condition=<Type>`: the condition is True for the current generation.
     Named(String),
@@ -138,6 +140,47 @@ pub enum Condition {
     Converged,
     /// `delete`: the gateway is gone.
     Deleted,
+    /// `jsonpath={.path}=value` (the field has that value) or
+    /// `jsonpath={.path}` (the field is there), on the gateway as
+    /// `get -o json` prints it.
+    JsonPath { path: crate::template::Path, value: Option<String>, text: String },
+}
+
+impl Condition {
+    /// Whether the printed gateway `doc` meets a `jsonpath=` condition.
+    pub fn json_path_met(
+        path: &crate::template::Path,
+        value: Option<&str>,
+        doc: &serde_json::Value,
+    ) -> bool {
+        let found = path.select(doc);
+        match value {
+            None => found.iter().any(|v| !v.is_null()),
+            Some(wanted) => found.iter().any(|v| crate::template::text(v) == wanted),
+        }
+    }
+}
+
+/// `{.a.b}=value`, `{.a.b}`, `.a.b=value` or `.a.b`: the path and the value.
+fn json_path_condition(spec: &str) -> Result<Condition, String> {
+    let (path, value) = match spec.strip_prefix('{') {
+        Some(rest) => {
+            let close = rest.find('}').ok_or_else(|| format!("{spec:?}: no closing }}"))?;
+            let after = &rest[close + 1..];
+            let value = match after.strip_prefix('=') {
+                Some(v) => Some(v.to_string()),
+                None if after.is_empty() => None,
+                None => return Err(format!("{spec:?}: expected =VALUE after the path")),
+            };
+            (&spec[..close + 2], value)
+        }
+        None => match spec.split_once('=') {
+            Some((path, value)) => (path, Some(value.to_string())),
+            None => (spec, None),
+        },
+    };
+    let parsed = crate::template::Path::parse(path).map_err(|e| e.to_string())?;
+    Ok(Condition::JsonPath { path: parsed, value, text: spec.to_string() })
 }
 
 impl std::str::FromStr for Condition {
@@ -147,10 +190,11 @@ impl std::str::FromStr for Condition {
         match s {
             "converged" => Ok(Condition::Converged),
             "delete" => Ok(Condition::Deleted),
-            other => match other.strip_prefix("condition=") {
-                Some(kind) if !kind.is_empty() => Ok(Condition::Named(kind.into())),
+            other => match (other.strip_prefix("condition="), other.strip_prefix("jsonpath=")) {
+                (Some(kind), _) if !kind.is_empty() => Ok(Condition::Named(kind.into())),
+                (_, Some(spec)) if !spec.is_empty() => json_path_condition(spec),
                 _ => Err(format!(
-                    "unknown condition {other:?}: use condition=Ready, converged or delete"
+                    "unknown condition {other:?}: use condition=Ready, converged, delete or jsonpath='{{.status.phase}}'=RUNNING"
                 )),
             },
         }
@@ -163,6 +207,7 @@ impl std::fmt::Display for Condition {
             Condition::Named(k) => write!(f, "condition={k}"),
             Condition::Converged => f.write_str("converged"),
             Condition::Deleted => f.write_str("delete"),
+            Condition::JsonPath { text, .. } => write!(f, "jsonpath={text}"),
         }
     }
 }
@@ -250,6 +295,27 @@ mod tests {
         }
         let refused = strip("gatewayctl get pods").unwrap_err();
         assert!(refused.contains("gateways only"), "{refused}");
+    }
+
+    #[test]
+    fn wait_takes_kubectls_jsonpath_conditions() {
+        let doc = serde_json::json!({"status": {"phase": "RUNNING", "observedGeneration": 2}});
+        for (spec, met) in [
+            ("jsonpath={.status.phase}=RUNNING", true),
+            ("jsonpath=.status.phase=RUNNING", true),
+            ("jsonpath={.status.phase}=FAILED", false),
+            ("jsonpath={.status.observedGeneration}=2", true),
+            ("jsonpath={.status.phase}", true),
+            ("jsonpath={.status.routeAddress}", false),
+        ] {
+            let Ok(Condition::JsonPath { path, value, .. }) = spec.parse::<Condition>() else {
+                panic!("{spec} does not parse");
+            };
+            assert_eq!(Condition::json_path_met(&path, value.as_deref(), &doc), met, "{spec}");
+        }
+        for bad in ["jsonpath=", "jsonpath={.status.phase", "jsonpath={.a}x"] {
+            assert!(bad.parse::<Condition>().is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -62,11 +62,14 @@ pub enum Command {
     },
     /// Create a gateway from flags; an existing name is refused.
     #[command(
-        after_help = "Example:\n  gatewayctl create edge --image ghcr.io/acme/gateway:1.0 --replicas 2 --route-host edge.example.com"
+        after_help = "Examples:\n  gatewayctl create edge --image ghcr.io/acme/gateway:1.0 --replicas 2 --route-host edge.example.com\n  gatewayctl create edge --image ghcr.io/acme/gateway:1.0 --dry-run=client -o yaml > edge.yaml"
     )]
     Create {
         #[command(flatten)]
         flags: args::CreateFlags,
+        /// Print the gateway made (yaml, json or name) instead of a line.
+        #[arg(short = 'o', long = "output", value_parser = ["yaml", "json", "name"])]
+        output: Option<String>,
         #[command(flatten)]
         dry_run: DryRunArg,
     },
@@ -141,6 +144,57 @@ pub enum Command {
         /// Allow replacing the value of an existing label.
         #[arg(long)]
         overwrite: bool,
+        #[command(flatten)]
+        dry_run: DryRunArg,
+    },
+    /// Set (key=value) or remove (key-) annotations of gateways.
+    #[command(
+        after_help = "Examples:\n  gatewayctl annotate edge owner=payments-oncall\n  gatewayctl annotate edge gantry.dev/rollback-on-failure=true --overwrite\n  gatewayctl annotate edge owner-"
+    )]
+    Annotate {
+        /// The gateway (NAME or gateway/NAME).
+        #[arg(value_parser = gateway_name)]
+        name: String,
+        /// key=value to set, key- to remove.
+        #[arg(required = true)]
+        changes: Vec<LabelChange>,
+        /// Allow replacing the value of an existing annotation.
+        #[arg(long)]
+        overwrite: bool,
+        #[command(flatten)]
+        dry_run: DryRunArg,
+    },
+    /// Change a gateway with a JSON merge patch or a JSON patch of its manifest.
+    #[command(
+        after_help = "Examples:\n  gatewayctl patch edge -p '{\"spec\":{\"image\":\"ghcr.io/acme/gateway:1.1\"}}'\n  gatewayctl patch edge --type json -p '[{\"op\":\"replace\",\"path\":\"/spec/replicas\",\"value\":3}]'\n  gatewayctl patch edge -p '{\"metadata\":{\"labels\":{\"tier\":null}}}'"
+    )]
+    Patch {
+        /// The gateway (NAME or gateway/NAME).
+        #[arg(value_parser = gateway_name)]
+        name: String,
+        /// The patch, as JSON.
+        #[arg(short = 'p', long = "patch", required = true)]
+        patch: String,
+        /// merge: JSON merge patch (RFC 7386); json: JSON patch (RFC 6902).
+        #[arg(long = "type", value_enum, default_value = "merge")]
+        kind: crate::patch::PatchType,
+        #[command(flatten)]
+        dry_run: DryRunArg,
+    },
+    /// Set the number of pods of a gateway (spec.replicas).
+    #[command(
+        after_help = "Examples:\n  gatewayctl scale edge --replicas=3\n  gatewayctl scale edge --replicas=5 --current-replicas=3"
+    )]
+    Scale {
+        /// The gateway (NAME or gateway/NAME).
+        #[arg(value_parser = gateway_name)]
+        name: String,
+        /// The new number of pods.
+        #[arg(long, required = true, value_parser = clap::value_parser!(i32).range(0..))]
+        replicas: i32,
+        /// Scale only if the gateway has this many now.
+        #[arg(long)]
+        current_replicas: Option<i32>,
         #[command(flatten)]
         dry_run: DryRunArg,
     },
@@ -232,14 +286,41 @@ pub enum ConfigCommand {
     },
     /// Print the current context's name.
     CurrentContext,
+    /// Print the config file (tokens redacted unless --raw).
+    View {
+        /// Show the tokens too.
+        #[arg(long)]
+        raw: bool,
+    },
+    /// Create a context or change its fields (an empty value clears one).
+    #[command(
+        after_help = "Examples:\n  gatewayctl config set-context prod --server https://gateway-store:50051 --ca ca.pem --token T --current\n  gatewayctl config set-context prod --token ''"
+    )]
+    SetContext {
+        /// The context's name (the current one with --current and no name).
+        name: Option<String>,
+        /// gRPC URL of gateway-store.
+        #[arg(long)]
+        server: Option<String>,
+        /// Bearer token.
+        #[arg(long)]
+        token: Option<String>,
+        /// PEM CA certificate for an https:// server.
+        #[arg(long)]
+        ca: Option<PathBuf>,
+        /// Make it the current context (or, without a name, change the current one).
+        #[arg(long)]
+        current: bool,
+    },
 }
 
-/// `--dry-run`: none, or server (the store runs every check and stores
-/// nothing).
+/// `--dry-run`: none, server (the store runs every check and stores
+/// nothing) or client (`create` only: print the manifest, call nothing).
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct DryRunArg {
     /// "server": the store runs every check and answers, storing nothing;
-    /// "none": write.
+    /// "client" (create only): print what would be sent, with -o yaml a
+    /// manifest to edit and apply; "none": write.
     #[arg(long = "dry-run", value_enum, default_value_t = DryRun::None, default_missing_value = "server", num_args = 0..=1, require_equals = true)]
     pub mode: DryRun,
 }
@@ -248,11 +329,19 @@ pub struct DryRunArg {
 pub enum DryRun {
     None,
     Server,
+    Client,
 }
 
 impl DryRunArg {
-    pub fn on(self) -> bool {
-        self.mode == DryRun::Server
+    /// Whether the store is to dry-run the write; `client` is refused
+    /// (only `create` takes it).
+    pub fn server(self) -> Result<bool, crate::CtlError> {
+        match self.mode {
+            DryRun::Client => Err(crate::CtlError::Message(
+                "--dry-run=client is for create (to print a manifest); use --dry-run=server".into(),
+            )),
+            mode => Ok(mode == DryRun::Server),
+        }
     }
 }
 

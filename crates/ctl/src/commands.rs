@@ -6,10 +6,10 @@ use std::process::ExitCode;
 
 use clap::CommandFactory;
 
-use crate::cli::{Cli, Command, ConfigCommand};
+use crate::cli::{Cli, Command, ConfigCommand, DryRun};
 use crate::config::{self, default_path, ConfigFile};
-use crate::output::PrintOptions;
-use crate::{args, for_each, local, Ctl, CtlError};
+use crate::output::{self, Format, PrintOptions};
+use crate::{args, for_each, local, Ctl, CtlError, KeyMap};
 
 pub async fn run(cli: Cli) -> Result<ExitCode, CtlError> {
     if let Command::Completion { shell } = &cli.command {
@@ -36,6 +36,22 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CtlError> {
                 }
                 ConfigCommand::CurrentContext => {
                     config::current_context(&file, &config_path, &mut out)?;
+                }
+                ConfigCommand::View { raw } => config::view(&file, raw, &mut out)?,
+                ConfigCommand::SetContext { name, server, token, ca, current } => {
+                    let name = match (name, current) {
+                        (Some(name), _) => name,
+                        (None, true) if !file.current_context.is_empty() => {
+                            file.current_context.clone()
+                        }
+                        _ => {
+                            return Err(CtlError::Message(
+                                "name the context (or use --current with a current context)".into(),
+                            ))
+                        }
+                    };
+                    let change = config::ContextChange { server, token, ca, use_it: current };
+                    config::set_context(file, &config_path, &name, change, &mut out)?;
                 }
             }
             return Ok(ExitCode::SUCCESS);
@@ -72,7 +88,7 @@ pub async fn dispatch(
                     Err((path, _)) => path.clone(),
                 },
                 async |doc| match doc {
-                    Ok(doc) => ctl.apply(doc, dry_run.on(), force_conflicts).await,
+                    Ok(doc) => ctl.apply(doc, dry_run.server()?, force_conflicts).await,
                     Err((_, e)) => Err(CtlError::Message(e.to_string())),
                 },
                 out,
@@ -80,9 +96,28 @@ pub async fn dispatch(
             )
             .await?;
         }
-        Command::Create { flags, dry_run } => {
+        Command::Create { flags, output, dry_run } => {
             let doc = args::create_doc(flags)?;
-            writeln!(out, "{}", ctl.create(&doc, dry_run.on()).await?)?;
+            let client_only = dry_run.mode == DryRun::Client;
+            let made = match client_only {
+                true => doc.to_proto(),
+                false => ctl.create(&doc, dry_run.server()?).await?,
+            };
+            match output {
+                Some(format) => {
+                    let format = Format::parse(&format).map_err(CtlError::Message)?;
+                    let single = PrintOptions { single: true, ..Default::default() };
+                    output::print(&[made], &format, &single, out)?;
+                }
+                None => {
+                    let note = match dry_run.mode {
+                        DryRun::Client => " (dry run)",
+                        DryRun::Server => " (server dry run)",
+                        DryRun::None => "",
+                    };
+                    writeln!(out, "gateway/{} created{note}", doc.metadata.name)?;
+                }
+            }
         }
         Command::Get { names, selector, output, no_headers, show_labels, sort_by, watch } => {
             let options = PrintOptions {
@@ -112,7 +147,20 @@ pub async fn dispatch(
         }
         Command::Edit { name } => local::edit(ctl, &name, out, err).await?,
         Command::Label { name, changes, overwrite, dry_run } => {
-            writeln!(out, "{}", ctl.label(&name, &changes, overwrite, dry_run.on()).await?)?;
+            let done = ctl.set_keys(&name, KeyMap::Labels, &changes, overwrite, dry_run.server()?);
+            writeln!(out, "{}", done.await?)?;
+        }
+        Command::Annotate { name, changes, overwrite, dry_run } => {
+            let done =
+                ctl.set_keys(&name, KeyMap::Annotations, &changes, overwrite, dry_run.server()?);
+            writeln!(out, "{}", done.await?)?;
+        }
+        Command::Patch { name, patch, kind, dry_run } => {
+            writeln!(out, "{}", ctl.patch(&name, kind, &patch, dry_run.server()?).await?)?;
+        }
+        Command::Scale { name, replicas, current_replicas, dry_run } => {
+            let done = ctl.scale(&name, replicas, current_replicas, dry_run.server()?);
+            writeln!(out, "{}", done.await?)?;
         }
         Command::Delete { names, selector, all, files, wait, timeout, dry_run } => {
             let ways = [!names.is_empty(), selector.is_some(), all, !files.is_empty()];
@@ -129,7 +177,7 @@ pub async fn dispatch(
                 _ => names,
             };
             let wait = wait.then_some(timeout);
-            ctl.delete_all(&names, wait, dry_run.on(), out, err).await?;
+            ctl.delete_all(&names, wait, dry_run.server()?, out, err).await?;
         }
         Command::Wait { names, condition, timeout } => {
             ctl.wait(&names, &condition, timeout, out).await?;

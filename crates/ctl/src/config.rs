@@ -53,6 +53,73 @@ pub fn current_context(
     Ok(())
 }
 
+/// `config view`: the config file as YAML, tokens shown as `REDACTED`
+/// unless `raw` (as `kubectl config view --raw`).
+pub fn view(file: &ConfigFile, raw: bool, out: &mut impl std::io::Write) -> Result<(), CtlError> {
+    let mut shown = file.clone();
+    if !raw {
+        for context in &mut shown.contexts {
+            if context.token.is_some() {
+                context.token = Some("REDACTED".into());
+            }
+        }
+    }
+    let text = serde_saphyr::to_string(&shown).map_err(|e| CtlError::Message(e.to_string()))?;
+    write!(out, "{text}")?;
+    Ok(())
+}
+
+/// What `config set-context` changes.
+#[derive(Debug, Clone, Default)]
+pub struct ContextChange {
+    pub server: Option<String>,
+    pub token: Option<String>,
+    pub ca: Option<PathBuf>,
+    /// Make it the current context.
+    pub use_it: bool,
+}
+
+/// `config set-context NAME`: creates the context (a server is then
+/// required) or changes the fields given; saves the file.
+pub fn set_context(
+    mut file: ConfigFile,
+    path: &Path,
+    name: &str,
+    change: ContextChange,
+    out: &mut impl std::io::Write,
+) -> Result<(), CtlError> {
+    let existing = file.contexts.iter().position(|c| c.name == name);
+    let verb = if existing.is_some() { "modified" } else { "created" };
+    let mut context = match existing {
+        Some(i) => file.contexts[i].clone(),
+        None => Context { name: name.into(), ..Default::default() },
+    };
+    if let Some(server) = change.server {
+        context.server = server;
+    }
+    if context.server.is_empty() {
+        return Err(CtlError::Message(format!(
+            "context {name:?} is new: give its --server (e.g. https://gateway-store:50051)"
+        )));
+    }
+    if let Some(token) = change.token {
+        context.token = Some(token).filter(|t| !t.is_empty());
+    }
+    if let Some(ca) = change.ca {
+        context.ca = Some(ca).filter(|c| !c.as_os_str().is_empty());
+    }
+    match existing {
+        Some(i) => file.contexts[i] = context,
+        None => file.contexts.push(context),
+    }
+    if change.use_it || file.current_context.is_empty() {
+        file.current_context = name.into();
+    }
+    file.save(path).map_err(CtlError::Message)?;
+    writeln!(out, "Context \"{name}\" {verb}.")?;
+    Ok(())
+}
+
 /// What the flags (and their environment variables) say of the
 /// connection; each overrides the context.
 #[derive(Debug, Clone, Default)]
@@ -78,7 +145,14 @@ pub fn connect(flags: &Overrides, file: &ConfigFile, path: &Path) -> Result<Ctl,
         .server
         .clone()
         .or_else(|| context.as_ref().map(|c| c.server.clone()))
-        .unwrap_or_else(|| "http://127.0.0.1:50051".into());
+        .ok_or_else(|| {
+            CtlError::Message(format!(
+                "no store to talk to: no --server (GANTRY_SERVER) and no current context in {}; \
+                     start one locally with gantry-local (it writes a context), or run \
+                     `gatewayctl config set-context NAME --server URL --current`",
+                path.display()
+            ))
+        })?;
     let token = flags.token.clone().or_else(|| context.as_ref().and_then(|c| c.token.clone()));
     let ca_path = flags.ca.clone().or_else(|| context.as_ref().and_then(|c| c.ca.clone()));
     let ca_pem = match ca_path {

@@ -72,7 +72,8 @@ pub struct PrintOptions {
 
 /// Orders gateways by the value of `path` in their JSON, as `--sort-by`
 /// does: numbers by value, then text; a gateway without the field first.
-pub fn sort(gateways: &mut [Gateway], path: &Path) {
+/// A path that no gateway has is a mistake (as in kubectl).
+pub fn sort(gateways: &mut [Gateway], path: &Path) -> Result<(), CtlError> {
     let key = |g: &Gateway| {
         let doc = serde_json::to_value(GatewayDoc::from_proto(g)).unwrap_or_default();
         let value = path.select(&doc).first().map(|v| (*v).clone());
@@ -82,12 +83,19 @@ pub fn sort(gateways: &mut [Gateway], path: &Path) {
         )
     };
     let mut keyed: Vec<_> = gateways.iter().map(|g| (key(g), g.clone())).collect();
+    if !keyed.is_empty() && keyed.iter().all(|((_, text), _)| text.is_none()) {
+        return Err(CtlError::Message(format!(
+            "couldn't find any field with path {path} in the list of objects: --sort-by takes a \
+             JSONPath of the printed gateway, such as .metadata.name or .spec.image"
+        )));
+    }
     keyed.sort_by(|(a, _), (b, _)| {
         a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal).then_with(|| a.1.cmp(&b.1))
     });
     for (slot, (_, g)) in gateways.iter_mut().zip(keyed) {
         *slot = g;
     }
+    Ok(())
 }
 
 /// `5s`, `3m`, `2h`, `4d` since a timestamp.
@@ -133,7 +141,7 @@ pub fn print(
     let gateways = match &options.sort_by {
         Some(path) => {
             sorted = gateways.to_vec();
-            sort(&mut sorted, path);
+            sort(&mut sorted, path)?;
             &sorted[..]
         }
         None => gateways,

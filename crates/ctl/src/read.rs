@@ -11,6 +11,7 @@ use crate::args::Condition;
 use crate::ctl::Ctl;
 use crate::errors::{msg, CtlError};
 use crate::output::{self, Format, PrintOptions};
+use gantry_client::manifest::GatewayDoc;
 
 /// Events `describe` shows.
 pub const DESCRIBE_EVENTS: usize = 10;
@@ -253,6 +254,11 @@ impl Ctl {
                     (Condition::Converged, Some(g)) => {
                         let generation = g.metadata.as_ref().map_or(0, |m| m.generation);
                         g.status.as_ref().is_some_and(|s| s.observed_generation == generation)
+                    }
+                    (Condition::JsonPath { path, value, .. }, Some(g)) => {
+                        let doc = serde_json::to_value(GatewayDoc::from_proto(g))
+                            .map_err(|e| msg(e.to_string()))?;
+                        Condition::json_path_met(path, value.as_deref(), &doc)
                     }
                     (Condition::Named(kind), Some(g)) => g.status.as_ref().is_some_and(|s| {
                         let generation = g.metadata.as_ref().map_or(0, |m| m.generation);

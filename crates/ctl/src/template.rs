@@ -30,7 +30,13 @@ pub struct Template {
 /// A field path on its own (`.metadata.name` or `{.metadata.name}`), for
 /// custom columns and `--sort-by`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Path(Vec<Step>);
+pub struct Path(Vec<Step>, String);
+
+impl std::fmt::Display for Path {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.1)
+    }
+}
 
 /// A template or path that does not parse; the message says where.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -223,7 +229,7 @@ fn render(nodes: &[Node], value: &Value, out: &mut String) {
 impl Path {
     /// Parses `.metadata.name` or `{.metadata.name}`.
     pub fn parse(text: &str) -> Result<Path, TemplateError> {
-        parse_path(text).map(Path)
+        parse_path(text).map(|steps| Path(steps, text.to_string()))
     }
 
     /// The values the path reaches in `value`.

@@ -57,6 +57,36 @@ fn stale(name: &str, pinned: i64, live: Option<i64>) -> CtlError {
     ))
 }
 
+/// Which key-value map of the metadata `label` and `annotate` change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyMap {
+    Labels,
+    Annotations,
+}
+
+impl KeyMap {
+    fn path(self) -> &'static str {
+        match self {
+            KeyMap::Labels => "metadata.labels",
+            KeyMap::Annotations => "metadata.annotations",
+        }
+    }
+
+    fn singular(self) -> &'static str {
+        match self {
+            KeyMap::Labels => "label",
+            KeyMap::Annotations => "annotation",
+        }
+    }
+
+    fn done(self) -> &'static str {
+        match self {
+            KeyMap::Labels => "labeled",
+            KeyMap::Annotations => "annotated",
+        }
+    }
+}
+
 /// How an `edit` ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EditOutcome {
@@ -67,9 +97,11 @@ pub enum EditOutcome {
 
 impl Ctl {
     /// `create`: creates one gateway; an existing name is refused
-    /// (ALREADY_EXISTS), as `kubectl create` does.
-    pub async fn create(&self, doc: &GatewayDoc, dry_run: bool) -> Result<String, CtlError> {
-        self.client
+    /// (ALREADY_EXISTS), as `kubectl create` does. The gateway as stored
+    /// (or, with `dry_run`, as it would be).
+    pub async fn create(&self, doc: &GatewayDoc, dry_run: bool) -> Result<Gateway, CtlError> {
+        let created = self
+            .client
             .clone()
             .create_gateway(CreateGatewayRequest {
                 gateway: Some(doc.to_proto()),
@@ -77,7 +109,7 @@ impl Ctl {
             })
             .await
             .map_err(|s| self.fail(s))?;
-        Ok(format!("gateway/{} created{}", doc.metadata.name, dry_run_note(dry_run)))
+        Ok(created.into_inner())
     }
 
     /// What applying `doc` does, as kubectl's client-side apply: creates
@@ -166,6 +198,16 @@ impl Ctl {
         paths: &[&str],
         dry_run: bool,
     ) -> Result<Gateway, CtlError> {
+        self.write_paths(gateway, paths, dry_run).await.map_err(|s| self.fail(s))
+    }
+
+    /// [`Ctl::write`] answering the store's status as it came.
+    pub(crate) async fn write_paths(
+        &self,
+        gateway: Gateway,
+        paths: &[&str],
+        dry_run: bool,
+    ) -> Result<Gateway, tonic::Status> {
         let mask = Some(FieldMask { paths: paths.iter().map(|p| p.to_string()).collect() });
         self.client
             .clone()
@@ -176,7 +218,6 @@ impl Ctl {
             })
             .await
             .map(|r| r.into_inner())
-            .map_err(|s| self.fail(s))
     }
 
     /// `diff`: the gateway as stored now (`None` if absent) and as applying
@@ -190,42 +231,86 @@ impl Ctl {
         Ok((live.as_ref().map(GatewayDoc::from_proto), GatewayDoc::from_proto(&would)))
     }
 
-    /// `label`: sets (`k=v`) and removes (`k-`) labels, conditional on the
-    /// version read; an existing key gets another value only with
-    /// `overwrite`, as kubectl does.
-    pub async fn label(
+    /// `label` and `annotate`: sets (`k=v`) and removes (`k-`) keys of
+    /// the gateway's labels or annotations, conditional on the version
+    /// read; an existing key gets another value only with `overwrite`, as
+    /// kubectl does.
+    pub async fn set_keys(
         &self,
         name: &str,
+        map: KeyMap,
         changes: &[LabelChange],
         overwrite: bool,
         dry_run: bool,
     ) -> Result<String, CtlError> {
         let current = self.get(name).await?;
         let meta = current.metadata.unwrap_or_default();
-        let mut labels = meta.labels.clone();
+        let before = match map {
+            KeyMap::Labels => &meta.labels,
+            KeyMap::Annotations => &meta.annotations,
+        };
+        let mut keys = before.clone();
         for change in changes {
             match change {
                 LabelChange::Set(key, value) => {
-                    if let Some(old) = labels.get(key).filter(|old| *old != value) {
+                    if let Some(old) = keys.get(key).filter(|old| *old != value) {
                         if !overwrite {
                             return Err(msg(format!(
-                                "label {key:?} already has a value ({old}), and --overwrite is false"
+                                "{} {key:?} already has a value ({old}), and --overwrite is false",
+                                map.singular()
                             )));
                         }
                     }
-                    labels.insert(key.clone(), value.clone());
+                    keys.insert(key.clone(), value.clone());
                 }
                 LabelChange::Remove(key) => {
-                    labels.remove(key);
+                    keys.remove(key);
                 }
             }
         }
-        if labels == meta.labels {
-            return Ok(format!("gateway/{name} not labeled"));
+        if &keys == before {
+            return Ok(format!("gateway/{name} not {}", map.done()));
         }
-        let update = metadata_write(name, meta.resource_version, |m| m.labels = labels);
-        self.write(update, &["metadata.labels"], dry_run).await?;
-        Ok(format!("gateway/{name} labeled{}", dry_run_note(dry_run)))
+        let update = metadata_write(name, meta.resource_version, |m| match map {
+            KeyMap::Labels => m.labels = keys,
+            KeyMap::Annotations => m.annotations = keys,
+        });
+        self.write(update, &[map.path()], dry_run).await?;
+        Ok(format!("gateway/{name} {}{}", map.done(), dry_run_note(dry_run)))
+    }
+
+    /// `scale`: sets `spec.replicas`, conditional on the version read;
+    /// with `current`, only if the gateway has that many now (kubectl's
+    /// `--current-replicas`).
+    pub async fn scale(
+        &self,
+        name: &str,
+        replicas: i32,
+        current: Option<i32>,
+        dry_run: bool,
+    ) -> Result<String, CtlError> {
+        let gateway = self.get(name).await?;
+        let spec = gateway.spec.clone().unwrap_or_default();
+        if let Some(expected) = current {
+            if spec.replicas != Some(expected) {
+                let now = spec.replicas.map_or("the default".into(), |r| r.to_string());
+                return Err(msg(format!(
+                    "gateway/{name} has {now} replicas, not --current-replicas={expected}: nothing changed"
+                )));
+            }
+        }
+        let meta = gateway.metadata.unwrap_or_default();
+        let update = Gateway {
+            metadata: Some(gantry_api::v1::ObjectMeta {
+                name: name.into(),
+                resource_version: meta.resource_version,
+                ..Default::default()
+            }),
+            spec: Some(gantry_api::v1::GatewaySpec { replicas: Some(replicas), ..spec }),
+            status: None,
+        };
+        self.write(update, &["spec.replicas"], dry_run).await?;
+        Ok(format!("gateway/{name} scaled{}", dry_run_note(dry_run)))
     }
 
     /// `edit`: the gateway as a manifest for `edit` to change (it runs the
