@@ -168,9 +168,10 @@ fn a_gateway_from_apply_to_delete_through_gatewayctl() {
         "{described}"
     );
     let completion = ok(ctl(&local.config, &["completion", "bash"]));
+    // The function asks gatewayctl itself (tests/tests/ctl_habits.rs drives it).
     assert!(
-        completion.contains("gatewayctl") && completion.contains("apply"),
-        "a bash completion script"
+        completion.contains("complete ") && completion.contains("COMPLETE=\"bash\""),
+        "a bash completion function: {completion}"
     );
     assert_eq!(ok(ctl(&local.config, &["retry", "edge"])), "gateway/edge retry requested\n");
 

@@ -1,7 +1,9 @@
 //! A CLIENT span around every call to the store ([`gantry_runtime::rpc_span`]):
 //! entered while the request is sent, so the `traceparent` the call
 //! carries names it, and ended when the answer's status is known (in the
-//! headers of a trailers-only answer, else in its trailers).
+//! headers of a trailers-only answer, else in its trailers). Each ended
+//! call is also one DEBUG event of target [`CALLS_TARGET`] (method, code,
+//! time): `gatewayctl -v=6` prints them.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,6 +14,17 @@ use http_body::{Body, Frame, SizeHint};
 use tonic::codegen::{http, Service};
 use tonic::{Code, Status};
 use tracing::{Instrument as _, Span};
+
+/// Target of the event each ended call logs at DEBUG.
+pub const CALLS_TARGET: &str = "gantry_client::calls";
+
+/// A call in flight: its span, method and start.
+#[derive(Debug)]
+struct Call {
+    span: Span,
+    method: String,
+    started: std::time::Instant,
+}
 
 /// The service under a gRPC client that traces each call.
 #[derive(Debug, Clone)]
@@ -33,20 +46,24 @@ where
     }
 
     fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
-        let span = rpc_span::span(Side::Client, request.uri().path());
+        let path = request.uri().path();
+        let span = rpc_span::span(Side::Client, path);
+        let method = path.trim_start_matches('/').to_string();
         // The bearer interceptor below injects the current span's context.
         let call = span.in_scope(|| self.0.call(request));
+        let started = std::time::Instant::now();
         Box::pin(async move {
-            match call.instrument(span.clone()).await {
+            let answer = call.instrument(span.clone()).await;
+            let mut call = Some(Call { span, method, started });
+            match answer {
                 Ok(response) => {
-                    let mut span = Some(span);
                     if let Some(status) = Status::from_header_map(response.headers()) {
-                        end(&mut span, status.code(), status.message());
+                        end(&mut call, status.code(), status.message());
                     }
-                    Ok(response.map(|inner| TracedBody { inner, span }))
+                    Ok(response.map(|inner| TracedBody { inner, call }))
                 }
                 Err(e) => {
-                    rpc_span::finish(&span, Side::Client, Code::Unavailable, "no answer");
+                    end(&mut call, Code::Unavailable, "no answer");
                     Err(e)
                 }
             }
@@ -54,9 +71,12 @@ where
     }
 }
 
-fn end(span: &mut Option<Span>, code: Code, message: &str) {
-    if let Some(span) = span.take() {
-        rpc_span::finish(&span, Side::Client, code, message);
+fn end(call: &mut Option<Call>, code: Code, message: &str) {
+    if let Some(call) = call.take() {
+        rpc_span::finish(&call.span, Side::Client, code, message);
+        let ms = call.started.elapsed().as_secs_f64() * 1000.0;
+        let code = rpc_span::code_name(code);
+        tracing::debug!(target: CALLS_TARGET, "{} {code} in {ms:.1} ms {message}", call.method);
     }
 }
 
@@ -64,7 +84,7 @@ fn end(span: &mut Option<Span>, code: Code, message: &str) {
 #[derive(Debug)]
 pub struct TracedBody<B> {
     inner: B,
-    span: Option<Span>,
+    call: Option<Call>,
 }
 
 impl<B> Body for TracedBody<B>
@@ -86,14 +106,14 @@ where
                     let status = Status::from_header_map(trailers);
                     let (code, message) =
                         status.as_ref().map_or((Code::Ok, ""), |s| (s.code(), s.message()));
-                    end(&mut self.span, code, message);
+                    end(&mut self.call, code, message);
                 }
             }
             Poll::Ready(Some(Err(e))) => {
                 let message = e.to_string();
-                end(&mut self.span, Code::Unavailable, &message);
+                end(&mut self.call, Code::Unavailable, &message);
             }
-            Poll::Ready(None) => end(&mut self.span, Code::Ok, ""),
+            Poll::Ready(None) => end(&mut self.call, Code::Ok, ""),
             Poll::Pending => {}
         }
         polled

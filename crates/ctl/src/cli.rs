@@ -7,7 +7,10 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use gantry_core::duration::parse_duration;
 
+use clap_complete::engine::ArgValueCandidates;
+
 use crate::args::{self, gateway_name, Condition, LabelChange};
+use crate::completion;
 use crate::output::Format;
 use crate::template::Path;
 
@@ -33,11 +36,18 @@ pub struct Cli {
     #[arg(long, env = "GANTRY_CONFIG", global = true)]
     pub config: Option<PathBuf>,
     /// Context to use instead of the current one.
-    #[arg(long, env = "GANTRY_CONTEXT", global = true)]
+    #[arg(long, env = "GANTRY_CONTEXT", global = true, add = ArgValueCandidates::new(completion::contexts))]
     pub context: Option<String>,
+    /// Verbosity, as kubectl's -v: 6 and above print each call to the
+    /// store (method, gRPC code, time) on stderr.
+    #[arg(short = 'v', long = "v", env = "GANTRY_VERBOSITY", global = true, default_value_t = 0)]
+    pub verbosity: u8,
     #[command(subcommand)]
     pub command: Command,
 }
+
+/// The `-v` level from which each call to the store is printed.
+pub const LOG_CALLS: u8 = 6;
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
@@ -79,14 +89,14 @@ pub enum Command {
     )]
     Get {
         /// Gateways to show (NAME or gateway/NAME); all when none.
-        #[arg(value_parser = gateway_name)]
+        #[arg(value_parser = gateway_name, add = ArgValueCandidates::new(completion::gateways))]
         names: Vec<String>,
         /// Label selector (k=v, k!=v, k in (a,b), k notin (a), k, !k).
         #[arg(short = 'l', long = "selector", default_value = "")]
         selector: String,
         /// Output format: table, wide, json, yaml, name, jsonpath=TEMPLATE,
         /// custom-columns=HEADER:.field.path,...
-        #[arg(short = 'o', long = "output", default_value = "table", value_parser = Format::parse)]
+        #[arg(short = 'o', long = "output", default_value = "table", value_parser = Format::parse, add = ArgValueCandidates::new(completion::output_formats))]
         output: Format,
         /// Tables without their header row.
         #[arg(long)]
@@ -105,7 +115,7 @@ pub enum Command {
     #[command(after_help = "Example:\n  gatewayctl describe edge")]
     Describe {
         /// The gateway (NAME or gateway/NAME).
-        #[arg(value_parser = gateway_name)]
+        #[arg(value_parser = gateway_name, add = ArgValueCandidates::new(completion::gateways))]
         name: String,
     },
     /// Show what applying files would change, as a unified diff (exit 0:
@@ -127,7 +137,7 @@ pub enum Command {
     )]
     Edit {
         /// The gateway (NAME or gateway/NAME).
-        #[arg(value_parser = gateway_name)]
+        #[arg(value_parser = gateway_name, add = ArgValueCandidates::new(completion::gateways))]
         name: String,
     },
     /// Set (key=value) or remove (key-) labels of gateways.
@@ -136,7 +146,7 @@ pub enum Command {
     )]
     Label {
         /// The gateway (NAME or gateway/NAME).
-        #[arg(value_parser = gateway_name)]
+        #[arg(value_parser = gateway_name, add = ArgValueCandidates::new(completion::gateways))]
         name: String,
         /// key=value to set, key- to remove.
         #[arg(required = true)]
@@ -153,7 +163,7 @@ pub enum Command {
     )]
     Annotate {
         /// The gateway (NAME or gateway/NAME).
-        #[arg(value_parser = gateway_name)]
+        #[arg(value_parser = gateway_name, add = ArgValueCandidates::new(completion::gateways))]
         name: String,
         /// key=value to set, key- to remove.
         #[arg(required = true)]
@@ -170,7 +180,7 @@ pub enum Command {
     )]
     Patch {
         /// The gateway (NAME or gateway/NAME).
-        #[arg(value_parser = gateway_name)]
+        #[arg(value_parser = gateway_name, add = ArgValueCandidates::new(completion::gateways))]
         name: String,
         /// The patch, as JSON.
         #[arg(short = 'p', long = "patch", required = true)]
@@ -187,7 +197,7 @@ pub enum Command {
     )]
     Scale {
         /// The gateway (NAME or gateway/NAME).
-        #[arg(value_parser = gateway_name)]
+        #[arg(value_parser = gateway_name, add = ArgValueCandidates::new(completion::gateways))]
         name: String,
         /// The new number of pods.
         #[arg(long, required = true, value_parser = clap::value_parser!(i32).range(0..))]
@@ -204,7 +214,7 @@ pub enum Command {
     )]
     Delete {
         /// The gateways (NAME or gateway/NAME); each is tried and reported.
-        #[arg(value_parser = gateway_name)]
+        #[arg(value_parser = gateway_name, add = ArgValueCandidates::new(completion::gateways))]
         names: Vec<String>,
         /// Delete the gateways this label selector selects.
         #[arg(short = 'l', long = "selector")]
@@ -230,7 +240,7 @@ pub enum Command {
     )]
     Wait {
         /// The gateways (NAME or gateway/NAME).
-        #[arg(required = true, value_parser = gateway_name)]
+        #[arg(required = true, value_parser = gateway_name, add = ArgValueCandidates::new(completion::gateways))]
         names: Vec<String>,
         /// condition=<Type>, converged, or delete.
         #[arg(long = "for")]
@@ -243,7 +253,7 @@ pub enum Command {
     #[command(after_help = "Example:\n  gatewayctl retry edge")]
     Retry {
         /// The gateway (NAME or gateway/NAME).
-        #[arg(value_parser = gateway_name)]
+        #[arg(value_parser = gateway_name, add = ArgValueCandidates::new(completion::gateways))]
         name: String,
     },
     /// Print changes to gateways as they happen.
@@ -253,7 +263,7 @@ pub enum Command {
         #[arg(short = 'l', long = "selector", default_value = "")]
         selector: String,
         /// Only this gateway (NAME or gateway/NAME).
-        #[arg(value_parser = gateway_name)]
+        #[arg(value_parser = gateway_name, add = ArgValueCandidates::new(completion::gateways))]
         name: Option<String>,
     },
     /// Show or switch the contexts of the config file.
@@ -265,9 +275,10 @@ pub enum Command {
         #[arg(long)]
         client: bool,
     },
-    /// Print a shell completion script.
+    /// Print the shell completion function (it asks gatewayctl, so gateway
+    /// names, contexts and -o formats complete too).
     #[command(
-        after_help = "Example:\n  gatewayctl completion bash > /etc/bash_completion.d/gatewayctl"
+        after_help = "Examples:\n  gatewayctl completion bash > /etc/bash_completion.d/gatewayctl\n  source <(gatewayctl completion zsh)\n  gatewayctl completion fish > ~/.config/fish/completions/gatewayctl.fish"
     )]
     Completion {
         /// The shell to complete for.
@@ -282,6 +293,7 @@ pub enum ConfigCommand {
     /// Make a context the current one.
     UseContext {
         /// The context's name.
+        #[arg(add = ArgValueCandidates::new(completion::contexts))]
         name: String,
     },
     /// Print the current context's name.
@@ -298,6 +310,7 @@ pub enum ConfigCommand {
     )]
     SetContext {
         /// The context's name (the current one with --current and no name).
+        #[arg(add = ArgValueCandidates::new(completion::contexts))]
         name: Option<String>,
         /// gRPC URL of gateway-store.
         #[arg(long)]

@@ -4,8 +4,6 @@
 use std::io::Write as _;
 use std::process::ExitCode;
 
-use clap::CommandFactory;
-
 use crate::cli::{Cli, Command, ConfigCommand, DryRun};
 use crate::config::{self, default_path, ConfigFile};
 use crate::output::{self, Format, PrintOptions};
@@ -13,7 +11,7 @@ use crate::{args, for_each, local, Ctl, CtlError, KeyMap};
 
 pub async fn run(cli: Cli) -> Result<ExitCode, CtlError> {
     if let Command::Completion { shell } = &cli.command {
-        clap_complete::generate(*shell, &mut Cli::command(), "gatewayctl", &mut std::io::stdout());
+        crate::completion::registration(*shell, &mut std::io::stdout())?;
         return Ok(ExitCode::SUCCESS);
     }
     let config_path = cli.config.clone().unwrap_or_else(default_path);

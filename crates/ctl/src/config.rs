@@ -141,18 +141,17 @@ pub fn connect(flags: &Overrides, file: &ConfigFile, path: &Path) -> Result<Ctl,
             path.display()
         )));
     }
-    let server = flags
-        .server
-        .clone()
-        .or_else(|| context.as_ref().map(|c| c.server.clone()))
-        .ok_or_else(|| {
-            CtlError::Message(format!(
+    let server =
+        flags.server.clone().or_else(|| context.as_ref().map(|c| c.server.clone())).ok_or_else(
+            || {
+                CtlError::Message(format!(
                 "no store to talk to: no --server (GANTRY_SERVER) and no current context in {}; \
                      start one locally with gantry-local (it writes a context), or run \
                      `gatewayctl config set-context NAME --server URL --current`",
                 path.display()
             ))
-        })?;
+            },
+        )?;
     let token = flags.token.clone().or_else(|| context.as_ref().and_then(|c| c.token.clone()));
     let ca_path = flags.ca.clone().or_else(|| context.as_ref().and_then(|c| c.ca.clone()));
     let ca_pem = match ca_path {

@@ -9,6 +9,7 @@
 pub mod args;
 pub mod cli;
 pub mod commands;
+pub mod completion;
 pub mod config;
 pub mod ctl;
 pub mod errors;

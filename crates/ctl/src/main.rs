@@ -6,11 +6,27 @@
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
-use gantry_ctl::cli::Cli;
+use gantry_client::traced::CALLS_TARGET;
+use gantry_ctl::cli::{Cli, LOG_CALLS};
 use gantry_ctl::{args, commands, CtlError};
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // A shell's completion function runs gatewayctl with COMPLETE=<shell>:
+    // answer it and exit, before any runtime starts (completing gateway
+    // names runs its own).
+    clap_complete::CompleteEnv::with_factory(Cli::command)
+        .var(gantry_ctl::completion::COMPLETE_VAR)
+        .complete();
+    match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime.block_on(run()),
+        Err(e) => {
+            eprintln!("error: cannot start: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> ExitCode {
     let cli_command = Cli::command();
     let takes_value = |verb: &str, flag: &str| {
         let flags_of = |c: &clap::Command| {
@@ -34,15 +50,17 @@ async fn main() -> ExitCode {
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // With OTEL_EXPORTER_OTLP_ENDPOINT set, the command is a trace whose
     // context goes with every call to the store (and from there to the
-    // reconciler's pass for the generation it makes).
-    let telemetry = gantry_runtime::otlp_endpoint(None).and_then(|endpoint| {
-        let filter = tracing_subscriber::EnvFilter::new("off");
-        let installed = gantry_runtime::init(
-            "gatewayctl",
-            filter,
-            gantry_runtime::LogStyle::Off,
-            Some(&endpoint),
-        );
+    // reconciler's pass for the generation it makes). With -v=6 each call
+    // is printed on stderr.
+    let endpoint = gantry_runtime::otlp_endpoint(None);
+    let verbose = cli.verbosity >= LOG_CALLS;
+    let telemetry = (verbose || endpoint.is_some()).then(|| {
+        let (filter, style) = match verbose {
+            true => (format!("{CALLS_TARGET}=debug"), gantry_runtime::LogStyle::Pretty),
+            false => ("off".to_string(), gantry_runtime::LogStyle::Off),
+        };
+        let filter = tracing_subscriber::EnvFilter::new(filter);
+        let installed = gantry_runtime::init("gatewayctl", filter, style, endpoint.as_deref());
         installed.map_err(|e| eprintln!("warning: traces are off: {e}")).ok()
     });
     let span = tracing::info_span!("gatewayctl", otel.name = format!("gatewayctl {command}"));

@@ -63,6 +63,31 @@ pub fn is_error(side: Side, code: Code) -> bool {
     }
 }
 
+/// A status code as the gRPC spec and its other tools spell it
+/// (`OK`, `INVALID_ARGUMENT`, ...), for the `code` label.
+pub fn code_name(code: Code) -> &'static str {
+    use Code::*;
+    match code {
+        Ok => "OK",
+        Cancelled => "CANCELLED",
+        Unknown => "UNKNOWN",
+        InvalidArgument => "INVALID_ARGUMENT",
+        DeadlineExceeded => "DEADLINE_EXCEEDED",
+        NotFound => "NOT_FOUND",
+        AlreadyExists => "ALREADY_EXISTS",
+        PermissionDenied => "PERMISSION_DENIED",
+        ResourceExhausted => "RESOURCE_EXHAUSTED",
+        FailedPrecondition => "FAILED_PRECONDITION",
+        Aborted => "ABORTED",
+        OutOfRange => "OUT_OF_RANGE",
+        Unimplemented => "UNIMPLEMENTED",
+        Internal => "INTERNAL",
+        Unavailable => "UNAVAILABLE",
+        DataLoss => "DATA_LOSS",
+        Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
 /// Records on `span` that its call ended with `code` (and `message`).
 pub fn finish(span: &Span, side: Side, code: Code, message: &str) {
     span.record("rpc.grpc.status_code", code as i64);

@@ -1,0 +1,291 @@
+//! The kubectl reflexes of gatewayctl: patch, scale, annotate, create
+//! --dry-run=client, wait --for=jsonpath, -v, --sort-by mistakes, config
+//! view/set-context, XDG_CONFIG_HOME, no server at all, and completion
+//! driven through the bash, zsh and fish functions it installs. The real
+//! binary against a real gateway-store process.
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use gantry_testkit::ctl::{ctl_command, exits, ok, text, write, CtlStore};
+use gantry_testkit::{binary, in_ci, skipped, temp_dir};
+
+#[test]
+fn patch_scale_and_annotate_write_only_what_they_name() {
+    let store = CtlStore::start("ctl-patch", &[]);
+    ok(store.ctl(&["create", "edge", "--image", "x:1", "-l", "team=a"]));
+    let merge =
+        r#"{"spec":{"image":"x:2","config":{"a":"1"}},"metadata":{"labels":{"tier":"gold"}}}"#;
+    assert_eq!(ok(store.ctl(&["patch", "gateway", "edge", "-p", merge])), "gateway/edge patched\n");
+    let g = store.gateway_json("edge");
+    assert_eq!(
+        (g["spec"]["image"].as_str(), g["spec"]["config"]["a"].as_str()),
+        (Some("x:2"), Some("1"))
+    );
+    assert_eq!(g["metadata"]["labels"], serde_json::json!({"team": "a", "tier": "gold"}));
+    assert_eq!(g["metadata"]["generation"], 2);
+    let json = r#"[{"op":"test","path":"/spec/image","value":"x:2"},{"op":"remove","path":"/spec/config/a"},{"op":"remove","path":"/metadata/labels/tier"}]"#;
+    ok(store.ctl(&["patch", "edge", "--type", "json", "-p", json]));
+    let g = store.gateway_json("edge");
+    assert!(
+        g["spec"].get("config").is_none() && g["metadata"]["labels"].get("tier").is_none(),
+        "{g}"
+    );
+    assert_eq!(ok(store.ctl(&["patch", "edge", "-p", "{}"])), "gateway/edge patched (no change)\n");
+    // What is not the user's to write is refused, and nothing changes.
+    let before = store.gateway_json("edge");
+    for (kind, patch) in [
+        ("merge", r#"{"status":{"phase":"RUNNING"}}"#),
+        ("json", r#"[{"op":"test","path":"/spec/image","value":"x:9"}]"#),
+        ("merge", "not json"),
+    ] {
+        let (_, stderr) = exits(1, store.ctl(&["patch", "edge", "--type", kind, "-p", patch]));
+        assert!(stderr.starts_with("error: "), "{stderr}");
+    }
+    assert_eq!(store.gateway_json("edge"), before);
+
+    assert_eq!(ok(store.ctl(&["scale", "gw", "edge", "--replicas=3"])), "gateway/edge scaled\n");
+    let (_, stderr) =
+        exits(1, store.ctl(&["scale", "edge", "--replicas=5", "--current-replicas=2"]));
+    assert!(stderr.contains("has 3 replicas"), "{stderr}");
+    assert_eq!(store.gateway_json("edge")["spec"]["replicas"], 3);
+
+    assert_eq!(ok(store.ctl(&["annotate", "edge", "owner=oncall"])), "gateway/edge annotated\n");
+    let (_, stderr) = exits(1, store.ctl(&["annotate", "edge", "owner=other"]));
+    assert!(stderr.contains("--overwrite"), "{stderr}");
+    ok(store.ctl(&["annotate", "edge", "owner-"]));
+    let g = store.gateway_json("edge");
+    assert!(g["metadata"].get("annotations").is_none_or(|a| a.get("owner").is_none()), "{g}");
+    assert_eq!(
+        g["metadata"]["labels"],
+        serde_json::json!({"team": "a"}),
+        "annotate left labels alone"
+    );
+}
+
+#[test]
+fn create_dry_run_client_prints_a_manifest_apply_takes() {
+    // No store at all: a client dry run asks nothing.
+    let dir = temp_dir("ctl-dry-client");
+    let out = ctl_command(&[
+        "--server",
+        "http://127.0.0.1:1",
+        "create",
+        "gateway",
+        "edge",
+        "--image",
+        "x:1",
+        "--replicas",
+        "2",
+        "-l",
+        "team=a",
+        "--dry-run=client",
+        "-o",
+        "yaml",
+    ])
+    .output()
+    .unwrap();
+    let manifest = ok(out);
+    let parsed: serde_json::Value = serde_saphyr::from_str(&manifest).unwrap();
+    assert_eq!(parsed["kind"], "Gateway", "{manifest}");
+    assert_eq!(parsed["spec"]["replicas"], 2);
+    let store = CtlStore::start("ctl-dry-client-store", &[]);
+    let file = write(&dir, "edge.yaml", &manifest);
+    assert_eq!(ok(store.ctl(&["apply", "-f", &file])), "gateway/edge created\n");
+    let (_, stderr) = exits(1, store.ctl(&["label", "edge", "x=y", "--dry-run=client"]));
+    assert!(stderr.contains("--dry-run=server"), "{stderr}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn wait_for_jsonpath_verbose_calls_and_sort_by_mistakes() {
+    let store = CtlStore::start("ctl-wait-jsonpath", &[]);
+    ok(store.ctl(&["create", "edge", "--image", "x:1"]));
+    // Met later, by another writer.
+    let server = store.server();
+    let later = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        ok(ctl_command(&["--server", &server, "label", "edge", "team=b"]).output().unwrap());
+    });
+    let waited =
+        store.ctl(&["wait", "edge", "--for=jsonpath={.metadata.labels.team}=b", "--timeout=30s"]);
+    assert_eq!(ok(waited), "gateway/edge condition met\n");
+    later.join().unwrap();
+    let (_, stderr) = exits(
+        1,
+        store.ctl(&["wait", "edge", "--for=jsonpath={.spec.image}=x:9", "--timeout=300ms"]),
+    );
+    assert!(
+        stderr.contains("timed out") && stderr.contains("jsonpath={.spec.image}=x:9"),
+        "{stderr}"
+    );
+
+    // -v=6: each call to the store, with its gRPC code, on stderr only.
+    let out = store.ctl(&["-v=6", "get", "edge", "missing", "-o", "name"]);
+    let (stdout, stderr) = exits(1, out);
+    assert_eq!(stdout, "gateway/edge\n");
+    assert!(stderr.contains("gantry.v1.GatewayService/GetGateway OK in"), "{stderr}");
+    assert!(stderr.contains("gantry.v1.GatewayService/GetGateway NOT_FOUND in"), "{stderr}");
+    let quiet = text(&store.ctl(&["get", "edge"]).stderr);
+    assert!(!quiet.contains("GatewayService"), "{quiet}");
+
+    let (_, stderr) = exits(1, store.ctl(&["get", "--sort-by", ".spec.imag"]));
+    assert!(
+        stderr.contains("couldn't find any field with path") && stderr.contains(".spec.imag"),
+        "{stderr}"
+    );
+}
+
+/// gatewayctl with only `env` (and PATH) set.
+fn ctl_env(env: &[(&str, &Path)], args: &[&str]) -> std::process::Output {
+    let mut command = ctl_command(args);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command.output().unwrap()
+}
+
+#[test]
+fn config_view_set_context_and_where_the_config_lives() {
+    let store = CtlStore::start("ctl-config-habits", &[]);
+    let home = temp_dir("ctl-config-home");
+    let xdg = home.join("xdg");
+    let env = [("HOME", home.as_path()), ("XDG_CONFIG_HOME", xdg.as_path())];
+    // Nothing configured: said so, with what to do.
+    let (_, stderr) = exits(1, ctl_env(&env, &["get"]));
+    assert!(stderr.contains("no store to talk to") && stderr.contains("set-context"), "{stderr}");
+
+    let server = store.server();
+    let (_, stderr) = exits(1, ctl_env(&env, &["config", "set-context", "local"]));
+    assert!(stderr.contains("--server"), "a new context needs its server: {stderr}");
+    let created = ctl_env(
+        &env,
+        &["config", "set-context", "local", "--server", &server, "--token", "secret-token"],
+    );
+    assert_eq!(ok(created), "Context \"local\" created.\n");
+    assert!(xdg.join("gantry/config.yaml").is_file(), "the config is under XDG_CONFIG_HOME");
+    assert!(!home.join(".config/gantry/config.yaml").exists());
+    let modified = ctl_env(&env, &["config", "set-context", "--current", "--token", ""]);
+    assert_eq!(ok(modified), "Context \"local\" modified.\n");
+    ok(ctl_env(&env, &["config", "set-context", "local", "--token", "secret-token"]));
+    let view = ok(ctl_env(&env, &["config", "view"]));
+    assert!(view.contains("REDACTED") && !view.contains("secret-token"), "{view}");
+    assert!(ok(ctl_env(&env, &["config", "view", "--raw"])).contains("secret-token"));
+    // The context set is the one used.
+    ok(ctl_env(&env, &["config", "set-context", "local", "--token", ""]));
+    ok(ctl_env(&env, &["create", "edge", "--image", "x:1"]));
+    assert_eq!(ok(store.ctl(&["get", "-o", "name"])), "gateway/edge\n");
+    let _ = std::fs::remove_dir_all(home);
+}
+
+/// The shells whose completion functions are driven; `None` (skipped
+/// outside CI) when one is missing.
+fn shells() -> Option<()> {
+    let missing: Vec<&str> = ["bash", "zsh", "fish"]
+        .into_iter()
+        .filter(|s| Command::new(s).arg("--version").output().is_err())
+        .collect();
+    if missing.is_empty() {
+        return Some(());
+    }
+    assert!(
+        !in_ci(),
+        "CI=true but {missing:?} are missing: tests/k8s/setup.sh shells installs them"
+    );
+    skipped(&format!(
+        "{missing:?} not installed (tests/k8s/setup.sh shells): completion not driven"
+    ));
+    None
+}
+
+/// What `shell` offers after `line` (ending where TAB is pressed),
+/// through the function `gatewayctl completion SHELL` prints.
+fn complete(shell: &str, line: &str, env: &[(&str, String)]) -> Vec<String> {
+    let bin_dir = binary("gatewayctl").parent().unwrap().display().to_string();
+    let words: Vec<String> = shlex_words(line);
+    let script = match shell {
+        "bash" => format!(
+            "source <(gatewayctl completion bash); COMP_WORDS=({words}); COMP_CWORD={last}; COMP_TYPE=9; \
+             _clap_complete_gatewayctl gatewayctl {current:?} {previous:?}; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            words = words.iter().map(|w| format!("{w:?}")).collect::<Vec<_>>().join(" "),
+            last = words.len() - 1,
+            current = words.last().unwrap(),
+            previous = words[words.len() - 2],
+        ),
+        "zsh" => format!(
+            "compdef() {{ :; }}; _describe() {{ print -rl -- \"${{(@P)3}}\"; }}; \
+             source <(gatewayctl completion zsh); words=({words}); CURRENT={count}; _clap_dynamic_completer_gatewayctl",
+            words = words.iter().map(|w| format!("{w:?}")).collect::<Vec<_>>().join(" "),
+            count = words.len(),
+        ),
+        _ => format!("gatewayctl completion fish | source; complete -C {line:?}"),
+    };
+    let mut command = Command::new(shell);
+    if shell == "zsh" {
+        command.arg("-f");
+    }
+    command
+        .arg("-c")
+        .arg(&script)
+        .env("PATH", format!("{bin_dir}:{}", std::env::var("PATH").unwrap()))
+        .env_remove("GANTRY_SERVER")
+        .env_remove("GANTRY_CONFIG");
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let out = command.output().unwrap();
+    assert!(out.status.success(), "{shell}: {}", text(&out.stderr));
+    // Candidates, their descriptions (after a tab or a colon) left off.
+    text(&out.stdout)
+        .lines()
+        .map(|l| l.split(['\t', ':']).next().unwrap().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// `line` split at spaces, an empty last word when it ends with one.
+fn shlex_words(line: &str) -> Vec<String> {
+    line.split(' ').map(str::to_string).collect()
+}
+
+#[test]
+fn completion_offers_gateways_contexts_and_formats_in_bash_zsh_and_fish() {
+    if shells().is_none() {
+        return;
+    }
+    let store = CtlStore::start("ctl-completion", &[]);
+    for name in ["edge", "core"] {
+        ok(store.ctl(&["create", name, "--image", "x:1"]));
+    }
+    let home = temp_dir("ctl-completion-home");
+    let config = home.join("config.yaml");
+    let config_text = format!(
+        "current-context: local\ncontexts:\n- name: local\n  server: {}\n- name: prod\n  server: https://gateway-store:50051\n",
+        store.server()
+    );
+    std::fs::write(&config, config_text).unwrap();
+    let env =
+        [("GANTRY_CONFIG", config.display().to_string()), ("HOME", home.display().to_string())];
+    for shell in ["bash", "zsh", "fish"] {
+        let has = |line: &str, wanted: &[&str]| {
+            let offered = complete(shell, line, &env);
+            for w in wanted {
+                assert!(
+                    offered.iter().any(|o| o == w),
+                    "{shell}: {line:?} does not offer {w}: {offered:?}"
+                );
+            }
+            offered
+        };
+        let names = has("gatewayctl describe ", &["core", "edge"]);
+        assert!(!names.iter().any(|n| n == "prod"), "{shell}: a context offered as a gateway");
+        has("gatewayctl delete gateway e", &["edge"]);
+        has("gatewayctl get -o ", &["json", "yaml", "wide", "jsonpath="]);
+        has("gatewayctl config use-context ", &["local", "prod"]);
+        has("gatewayctl --context ", &["local", "prod"]);
+    }
+    let _ = std::fs::remove_dir_all(home);
+}
