@@ -8,7 +8,6 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
 use gantry_testkit::ctl::{ctl_command, exits, ok, text, write, CtlStore};
 use gantry_testkit::{binary, in_ci, skipped, temp_dir};
@@ -104,16 +103,33 @@ fn create_dry_run_client_prints_a_manifest_apply_takes() {
 fn wait_for_jsonpath_verbose_calls_and_sort_by_mistakes() {
     let store = CtlStore::start("ctl-wait-jsonpath", &[]);
     ok(store.ctl(&["create", "edge", "--image", "x:1"]));
-    // Met later, by another writer.
-    let server = store.server();
-    let later = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(300));
-        ok(ctl_command(&["--server", &server, "label", "edge", "team=b"]).output().unwrap());
-    });
-    let waited =
-        store.ctl(&["wait", "edge", "--for=jsonpath={.metadata.labels.team}=b", "--timeout=30s"]);
+    // Met later, by another writer: once the wait has looked (its first
+    // call, printed by -v=6), the label is set.
+    let mut waiting = ctl_command(&[
+        "--server",
+        &store.server(),
+        "-v=6",
+        "wait",
+        "edge",
+        "--for=jsonpath={.metadata.labels.team}=b",
+        "--timeout=30s",
+    ])
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut calls = std::io::BufReader::new(waiting.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("GetGateway OK") {
+        line.clear();
+        assert!(
+            std::io::BufRead::read_line(&mut calls, &mut line).unwrap() > 0,
+            "wait ended early"
+        );
+    }
+    ok(store.ctl(&["label", "edge", "team=b"]));
+    let waited = waiting.wait_with_output().unwrap();
     assert_eq!(ok(waited), "gateway/edge condition met\n");
-    later.join().unwrap();
     let (_, stderr) = exits(
         1,
         store.ctl(&["wait", "edge", "--for=jsonpath={.spec.image}=x:9", "--timeout=300ms"]),

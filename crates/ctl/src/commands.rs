@@ -27,31 +27,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CtlError> {
     let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
     match cli.command {
         Command::Config(command) => {
-            match command {
-                ConfigCommand::GetContexts => config::get_contexts(&file, &mut out)?,
-                ConfigCommand::UseContext { name } => {
-                    config::use_context(file, &config_path, &name, &mut out)?;
-                }
-                ConfigCommand::CurrentContext => {
-                    config::current_context(&file, &config_path, &mut out)?;
-                }
-                ConfigCommand::View { raw } => config::view(&file, raw, &mut out)?,
-                ConfigCommand::SetContext { name, server, token, ca, current } => {
-                    let name = match (name, current) {
-                        (Some(name), _) => name,
-                        (None, true) if !file.current_context.is_empty() => {
-                            file.current_context.clone()
-                        }
-                        _ => {
-                            return Err(CtlError::Message(
-                                "name the context (or use --current with a current context)".into(),
-                            ))
-                        }
-                    };
-                    let change = config::ContextChange { server, token, ca, use_it: current };
-                    config::set_context(file, &config_path, &name, change, &mut out)?;
-                }
-            }
+            config_cmd(command, file, &config_path, &mut out)?;
             return Ok(ExitCode::SUCCESS);
         }
         Command::Version { client: true } => {
@@ -95,27 +71,7 @@ pub async fn dispatch(
             .await?;
         }
         Command::Create { flags, output, dry_run } => {
-            let doc = args::create_doc(flags)?;
-            let client_only = dry_run.mode == DryRun::Client;
-            let made = match client_only {
-                true => doc.to_proto(),
-                false => ctl.create(&doc, dry_run.server()?).await?,
-            };
-            match output {
-                Some(format) => {
-                    let format = Format::parse(&format).map_err(CtlError::Message)?;
-                    let single = PrintOptions { single: true, ..Default::default() };
-                    output::print(&[made], &format, &single, out)?;
-                }
-                None => {
-                    let note = match dry_run.mode {
-                        DryRun::Client => " (dry run)",
-                        DryRun::Server => " (server dry run)",
-                        DryRun::None => "",
-                    };
-                    writeln!(out, "gateway/{} created{note}", doc.metadata.name)?;
-                }
-            }
+            create(ctl, flags, output, dry_run, out).await?
         }
         Command::Get { names, selector, output, no_headers, show_labels, sort_by, watch } => {
             let options = PrintOptions {
@@ -161,21 +117,8 @@ pub async fn dispatch(
             writeln!(out, "{}", done.await?)?;
         }
         Command::Delete { names, selector, all, files, wait, timeout, dry_run } => {
-            let ways = [!names.is_empty(), selector.is_some(), all, !files.is_empty()];
-            if ways.iter().filter(|w| **w).count() != 1 {
-                return Err(CtlError::Message(
-                    "say which gateways: NAME..., -l SELECTOR, -f FILE or --all (one of them)"
-                        .into(),
-                ));
-            }
-            let names = match (selector, all) {
-                (Some(selector), _) => ctl.names(&selector).await?,
-                (None, true) => ctl.names("").await?,
-                _ if !files.is_empty() => local::names_in(&files, err)?,
-                _ => names,
-            };
-            let wait = wait.then_some(timeout);
-            ctl.delete_all(&names, wait, dry_run.server()?, out, err).await?;
+            let names = which(ctl, names, selector, all, &files, err).await?;
+            ctl.delete_all(&names, wait.then_some(timeout), dry_run.server()?, out, err).await?;
         }
         Command::Wait { names, condition, timeout } => {
             ctl.wait(&names, &condition, timeout, out).await?;
@@ -189,4 +132,88 @@ pub async fn dispatch(
         Command::Config(_) | Command::Completion { .. } => {}
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `config ...`: reads or changes the config file at `path`.
+fn config_cmd(
+    command: ConfigCommand,
+    file: ConfigFile,
+    path: &std::path::Path,
+    out: &mut impl std::io::Write,
+) -> Result<(), CtlError> {
+    match command {
+        ConfigCommand::GetContexts => config::get_contexts(&file, out),
+        ConfigCommand::UseContext { name } => config::use_context(file, path, &name, out),
+        ConfigCommand::CurrentContext => config::current_context(&file, path, out),
+        ConfigCommand::View { raw } => config::view(&file, raw, out),
+        ConfigCommand::SetContext { name, server, token, ca, current } => {
+            let name = match (name, current) {
+                (Some(name), _) => name,
+                (None, true) if !file.current_context.is_empty() => file.current_context.clone(),
+                _ => {
+                    return Err(CtlError::Message(
+                        "name the context (or use --current with a current context)".into(),
+                    ))
+                }
+            };
+            let change = config::ContextChange { server, token, ca, use_it: current };
+            config::set_context(file, path, &name, change, out)
+        }
+    }
+}
+
+/// `create`: from flags; with `--dry-run=client` nothing is sent; with
+/// `-o` the gateway made is printed instead of a line.
+async fn create(
+    ctl: &Ctl,
+    flags: args::CreateFlags,
+    output: Option<String>,
+    dry_run: crate::cli::DryRunArg,
+    out: &mut impl std::io::Write,
+) -> Result<(), CtlError> {
+    let doc = args::create_doc(flags)?;
+    let made = match dry_run.mode {
+        DryRun::Client => doc.to_proto(),
+        _ => ctl.create(&doc, dry_run.server()?).await?,
+    };
+    match output {
+        Some(format) => {
+            let format = Format::parse(&format).map_err(CtlError::Message)?;
+            let single = PrintOptions { single: true, ..Default::default() };
+            output::print(&[made], &format, &single, out)?;
+        }
+        None => {
+            let note = match dry_run.mode {
+                DryRun::Client => " (dry run)",
+                DryRun::Server => " (server dry run)",
+                DryRun::None => "",
+            };
+            writeln!(out, "gateway/{} created{note}", doc.metadata.name)?;
+        }
+    }
+    Ok(())
+}
+
+/// The gateways `delete` names: by name, selector, file or all (exactly
+/// one of the ways).
+async fn which(
+    ctl: &Ctl,
+    names: Vec<String>,
+    selector: Option<String>,
+    all: bool,
+    files: &[String],
+    err: &mut impl std::io::Write,
+) -> Result<Vec<String>, CtlError> {
+    let ways = [!names.is_empty(), selector.is_some(), all, !files.is_empty()];
+    if ways.iter().filter(|w| **w).count() != 1 {
+        return Err(CtlError::Message(
+            "say which gateways: NAME..., -l SELECTOR, -f FILE or --all (one of them)".into(),
+        ));
+    }
+    match (selector, all) {
+        (Some(selector), _) => ctl.names(&selector).await,
+        (None, true) => ctl.names("").await,
+        _ if !files.is_empty() => local::names_in(files, err),
+        _ => Ok(names),
+    }
 }

@@ -19,30 +19,21 @@ pub enum Side {
 pub fn span(side: Side, path: &str) -> Span {
     let full = path.trim_start_matches('/');
     let (service, method) = full.split_once('/').unwrap_or((full, ""));
-    match side {
-        Side::Server => tracing::info_span!(
-            "grpc.server",
-            otel.name = full,
-            otel.kind = "server",
-            rpc.system = "grpc",
-            rpc.service = service,
-            rpc.method = method,
-            rpc.grpc.status_code = Empty,
-            otel.status_code = Empty,
-            otel.status_description = Empty,
-        ),
-        Side::Client => tracing::info_span!(
-            "grpc.client",
-            otel.name = full,
-            otel.kind = "client",
-            rpc.system = "grpc",
-            rpc.service = service,
-            rpc.method = method,
-            rpc.grpc.status_code = Empty,
-            otel.status_code = Empty,
-            otel.status_description = Empty,
-        ),
-    }
+    let kind = match side {
+        Side::Server => "server",
+        Side::Client => "client",
+    };
+    tracing::info_span!(
+        "grpc",
+        otel.name = full,
+        otel.kind = kind,
+        rpc.system = "grpc",
+        rpc.service = service,
+        rpc.method = method,
+        rpc.grpc.status_code = Empty,
+        otel.status_code = Empty,
+        otel.status_description = Empty,
+    )
 }
 
 /// Whether a call that ended with `code` is an error on `side`: every
