@@ -84,6 +84,18 @@ fn every_grpcurl_example_of_the_readme_works_as_written() {
             assert!(stdout.contains("gantry.v1.GatewayService.WatchGateways"), "{said}");
         }
     }
+    // The error-detail protos themselves, for any reflection client.
+    for message in ["google.rpc.Status", "google.rpc.BadRequest", "google.rpc.ErrorInfo"] {
+        let out = Command::new(&grpcurl)
+            .args(["-plaintext", &address, "describe", message])
+            .output()
+            .unwrap();
+        let described = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && described.contains("is a message"),
+            "{message}: {described}"
+        );
+    }
     let _ = std::fs::remove_dir_all(dir);
 }
 
