@@ -144,36 +144,12 @@ pub enum Command {
     #[command(
         after_help = "Examples:\n  gatewayctl label edge team=payments\n  gatewayctl label edge team=checkout --overwrite\n  gatewayctl label edge team-"
     )]
-    Label {
-        /// The gateway (NAME or gateway/NAME).
-        #[arg(value_parser = gateway_name, add = ArgValueCandidates::new(completion::gateways))]
-        name: String,
-        /// key=value to set, key- to remove.
-        #[arg(required = true)]
-        changes: Vec<LabelChange>,
-        /// Allow replacing the value of an existing label.
-        #[arg(long)]
-        overwrite: bool,
-        #[command(flatten)]
-        dry_run: DryRunArg,
-    },
+    Label(KeyChanges),
     /// Set (key=value) or remove (key-) annotations of gateways.
     #[command(
         after_help = "Examples:\n  gatewayctl annotate edge owner=payments-oncall\n  gatewayctl annotate edge gantry.dev/rollback-on-failure=true --overwrite\n  gatewayctl annotate edge owner-"
     )]
-    Annotate {
-        /// The gateway (NAME or gateway/NAME).
-        #[arg(value_parser = gateway_name, add = ArgValueCandidates::new(completion::gateways))]
-        name: String,
-        /// key=value to set, key- to remove.
-        #[arg(required = true)]
-        changes: Vec<LabelChange>,
-        /// Allow replacing the value of an existing annotation.
-        #[arg(long)]
-        overwrite: bool,
-        #[command(flatten)]
-        dry_run: DryRunArg,
-    },
+    Annotate(KeyChanges),
     /// Change a gateway with a JSON merge patch or a JSON patch of its manifest.
     #[command(
         after_help = "Examples:\n  gatewayctl patch edge -p '{\"spec\":{\"image\":\"ghcr.io/acme/gateway:1.1\"}}'\n  gatewayctl patch edge --type json -p '[{\"op\":\"replace\",\"path\":\"/spec/replicas\",\"value\":3}]'\n  gatewayctl patch edge -p '{\"metadata\":{\"labels\":{\"tier\":null}}}'"
@@ -325,6 +301,22 @@ pub enum ConfigCommand {
         #[arg(long)]
         current: bool,
     },
+}
+
+/// What `label` and `annotate` take.
+#[derive(clap::Args, Debug)]
+pub struct KeyChanges {
+    /// The gateway (NAME or gateway/NAME).
+    #[arg(value_parser = gateway_name, add = ArgValueCandidates::new(completion::gateways))]
+    pub name: String,
+    /// key=value to set, key- to remove.
+    #[arg(required = true)]
+    pub changes: Vec<LabelChange>,
+    /// Allow replacing the value of an existing key.
+    #[arg(long)]
+    pub overwrite: bool,
+    #[command(flatten)]
+    pub dry_run: DryRunArg,
 }
 
 /// `--dry-run`: none, server (the store runs every check and stores

@@ -4,7 +4,7 @@
 use std::io::Write as _;
 use std::process::ExitCode;
 
-use crate::cli::{Cli, Command, ConfigCommand, DryRun};
+use crate::cli::{Cli, Command, ConfigCommand, DryRun, KeyChanges};
 use crate::config::{self, default_path, ConfigFile};
 use crate::output::{self, Format, PrintOptions};
 use crate::{args, for_each, local, Ctl, CtlError, KeyMap};
@@ -100,14 +100,9 @@ pub async fn dispatch(
             });
         }
         Command::Edit { name } => local::edit(ctl, &name, out, err).await?,
-        Command::Label { name, changes, overwrite, dry_run } => {
-            let done = ctl.set_keys(&name, KeyMap::Labels, &changes, overwrite, dry_run.server()?);
-            writeln!(out, "{}", done.await?)?;
-        }
-        Command::Annotate { name, changes, overwrite, dry_run } => {
-            let done =
-                ctl.set_keys(&name, KeyMap::Annotations, &changes, overwrite, dry_run.server()?);
-            writeln!(out, "{}", done.await?)?;
+        Command::Label(keys) => writeln!(out, "{}", set_keys(ctl, KeyMap::Labels, keys).await?)?,
+        Command::Annotate(keys) => {
+            writeln!(out, "{}", set_keys(ctl, KeyMap::Annotations, keys).await?)?;
         }
         Command::Patch { name, patch, kind, dry_run } => {
             writeln!(out, "{}", ctl.patch(&name, kind, &patch, dry_run.server()?).await?)?;
@@ -216,4 +211,10 @@ async fn which(
         _ if !files.is_empty() => local::names_in(files, err),
         _ => Ok(names),
     }
+}
+
+/// `label` and `annotate`.
+async fn set_keys(ctl: &Ctl, map: KeyMap, keys: KeyChanges) -> Result<String, CtlError> {
+    let KeyChanges { name, changes, overwrite, dry_run } = keys;
+    ctl.set_keys(&name, map, &changes, overwrite, dry_run.server()?).await
 }
