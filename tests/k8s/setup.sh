@@ -12,6 +12,8 @@
 #              versus` runs side by side with gantry (needs root).
 #   promtool   Debian's prometheus package, for `promtool check rules` and
 #              `promtool test rules` on deploy/monitoring (needs root).
+#   image      skopeo, umoci and busybox-static from Debian's packages: the
+#              image tests read deploy/image/build.sh's archive with skopeo.
 #   shells     zsh and fish from Debian's packages, whose completion
 #              functions the gatewayctl tests drive (bash is there already).
 #   grpcurl    grpcurl built from the Go module pinned in tests/tools/grpcurl,
@@ -19,8 +21,8 @@
 #   bin-dir    print the directory the k8s binaries are (or would be) in, and
 #              build nothing; the Rust test harness asks this.
 #   grpcurl-bin  print where grpcurl is (or would be), building nothing.
-#   all        postgres, etcd, promtool, shells, grpcurl, then k8s (the
-#              default).
+#   all        postgres, etcd, promtool, image, shells, grpcurl, then k8s
+#              (the default).
 #
 # Everything is fetched through Debian's packages and the Go module proxy.
 # GANTRY_K8S_CACHE moves the cache (default ~/.cache/gantry/k8s).
@@ -34,6 +36,16 @@ export GOFLAGS="${GOFLAGS:--buildvcs=false}"
 # Kubernetes release built from tools/kube/go.mod; stamped into the binaries
 # so that /version and `kubectl version` tell the truth.
 kube_version() { grep -oE 'k8s.io/kubernetes v[0-9]+\.[0-9]+\.[0-9]+' "$tools/kube/go.mod" | head -n1 | cut -d' ' -f2; }
+
+setup_image() {
+  if ! command -v skopeo >/dev/null || ! command -v umoci >/dev/null || ! command -v busybox >/dev/null; then
+    echo "image: installing skopeo, umoci and busybox-static from Debian's packages"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq skopeo umoci busybox-static >/dev/null
+  fi
+  echo "image: $(skopeo --version), $(umoci --version)"
+}
 
 setup_shells() {
   if ! command -v zsh >/dev/null || ! command -v fish >/dev/null; then
@@ -168,7 +180,8 @@ case "${1:-all}" in
   promtool) setup_promtool ;;
   grpcurl) setup_grpcurl ;;
   shells) setup_shells ;;
+  image) setup_image ;;
   grpcurl-bin) grpcurl_bin ;;
-  all) setup_postgres; setup_etcd; setup_promtool; setup_shells; setup_grpcurl; setup_k8s ;;
-  *) echo "usage: $0 [all|postgres|etcd|promtool|shells|grpcurl|k8s|bin-dir|grpcurl-bin]" >&2; exit 2 ;;
+  all) setup_postgres; setup_etcd; setup_promtool; setup_image; setup_shells; setup_grpcurl; setup_k8s ;;
+  *) echo "usage: $0 [all|postgres|etcd|promtool|image|shells|grpcurl|k8s|bin-dir|grpcurl-bin]" >&2; exit 2 ;;
 esac

@@ -27,6 +27,26 @@ pub fn skipped(reason: &str) {
     let _ = writeln!(std::io::stderr(), "SKIPPED: {reason}");
 }
 
+/// Removes from `command` the variables cargo sets for a test process:
+/// some build scripts track them, so an inner cargo (or a script that runs
+/// one) that saw them would rebuild half the dependency tree.
+pub fn without_test_cargo_env(command: &mut Command) {
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy().into_owned();
+        let set_for_tests = [
+            "CARGO_MANIFEST_",
+            "CARGO_PKG_",
+            "CARGO_CRATE_",
+            "CARGO_BIN_",
+            "CARGO_PRIMARY_",
+            "CARGO_TARGET_TMPDIR",
+        ];
+        if set_for_tests.iter().any(|p| key.starts_with(p)) {
+            command.env_remove(&key);
+        }
+    }
+}
+
 /// Path of a workspace binary, built once per test process with the same
 /// cargo that runs the tests (cheap when it is already up to date).
 pub fn binary(name: &str) -> PathBuf {
@@ -36,20 +56,7 @@ pub fn binary(name: &str) -> PathBuf {
         // some build scripts track them, so passing them on would rebuild
         // half the dependency tree. Hand the inner cargo a clean slate.
         let mut cargo = Command::new(env!("CARGO"));
-        for (key, _) in std::env::vars_os() {
-            let key = key.to_string_lossy().into_owned();
-            let set_for_tests = [
-                "CARGO_MANIFEST_",
-                "CARGO_PKG_",
-                "CARGO_CRATE_",
-                "CARGO_BIN_",
-                "CARGO_PRIMARY_",
-                "CARGO_TARGET_TMPDIR",
-            ];
-            if set_for_tests.iter().any(|p| key.starts_with(p)) {
-                cargo.env_remove(&key);
-            }
-        }
+        without_test_cargo_env(&mut cargo);
         // The same targets `cargo test --workspace` builds, so the feature
         // set matches and nothing is rebuilt when the suite runs as a whole.
         let status = cargo

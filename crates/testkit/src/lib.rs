@@ -27,7 +27,9 @@ pub mod wait;
 pub use calls::{replay_creations, wait_for_gateway, Gateways};
 pub use certs::server_certificate;
 pub use db::{Backend, TestDatabase};
-pub use env::{binary, free_port, in_ci, kill_after, skipped, temp_dir, workspace_root};
+pub use env::{
+    binary, free_port, in_ci, kill_after, skipped, temp_dir, without_test_cargo_env, workspace_root,
+};
 pub use http::{fetch, http_get, wait_for_http, wait_ready};
 pub use process::Process;
 pub use rig::StoreRig;
