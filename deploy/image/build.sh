@@ -25,5 +25,5 @@ fi
 version="$(grep -m1 '^version' Cargo.toml | cut -d'"' -f2)"
 epoch="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}"
 revision="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
-cargo run --quiet --locked -p gantry-image -- \
+cargo run --quiet --locked -p gantry-image -- gantry \
   --binaries "$binaries" --out "$out" --tag "$version" --epoch "$epoch" --revision "$revision"

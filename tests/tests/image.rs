@@ -165,3 +165,90 @@ fn is_root() -> bool {
         .output()
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
+
+/// The test gateway's entrypoint run in a chroot of its root filesystem
+/// as 65532, serving on `ports`.
+fn run_test_gateway(dir: &Path, never_ready: bool, ports: &[u16]) -> std::process::Child {
+    let out = dir.join("gateway.tar");
+    let mut build = Command::new(binary("gantry-image"));
+    build.args([
+        "--out",
+        out.to_str().unwrap(),
+        "--name",
+        "gantry.test/gateway",
+        "--tag",
+        "1",
+        "test-gateway",
+    ]);
+    if never_ready {
+        build.arg("--never-ready");
+    }
+    assert!(build.output().unwrap().status.success());
+    let layout = untar(&out, &dir.join("layout"));
+    let docker = json(&std::fs::read(layout.join("manifest.json")).unwrap());
+    let config = json(&std::fs::read(layout.join(docker[0]["Config"].as_str().unwrap())).unwrap());
+    let root = dir.join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    let layer = layout.join(docker[0]["Layers"][0].as_str().unwrap());
+    assert!(Command::new("tar")
+        .arg("xzf")
+        .arg(layer)
+        .arg("-C")
+        .arg(&root)
+        .status()
+        .unwrap()
+        .success());
+    let entrypoint: Vec<String> =
+        serde_json::from_value(config["config"]["Entrypoint"].clone()).unwrap();
+    let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+    Command::new(which("chroot"))
+        .arg("--userspec=65532:65532")
+        .arg(&root)
+        .args(&entrypoint)
+        .env_clear()
+        .env("PORTS", ports.join(" "))
+        .spawn()
+        .unwrap()
+}
+
+fn status_of(port: u16, path: &str) -> Option<String> {
+    let answer = gantry_testkit::http_get(port, path)?;
+    answer.lines().next().map(str::to_string)
+}
+
+#[test]
+fn the_test_gateway_serves_its_page_probes_and_stops_on_sigterm() {
+    if !is_root() {
+        assert!(!in_ci(), "CI=true but not root: the test gateway was not run");
+        skipped("not root: the test gateway's root filesystem was not run in a chroot");
+        return;
+    }
+    for never_ready in [false, true] {
+        let dir = temp_dir(if never_ready { "never-ready-image" } else { "gateway-image" });
+        let (web, health) = (free_port(), free_port());
+        let mut gateway = run_test_gateway(&dir, never_ready, &[web, health]);
+        let page = gantry_testkit::wait_for_http(web, "/", Duration::from_secs(10));
+        assert!(page.starts_with("HTTP/1.0 200") || page.starts_with("HTTP/1.1 200"), "{page}");
+        assert!(page.contains("gantry test gateway"), "{page}");
+        let ready = gantry_testkit::wait_for_http(health, "/readyz", Duration::from_secs(10));
+        assert_eq!(ready.contains(" 200 "), !never_ready, "never_ready={never_ready}: {ready}");
+        assert!(status_of(health, "/healthz").unwrap().contains(" 200 "));
+        // SIGTERM: PID 1 (the shell) exits 0 within a couple of seconds.
+        assert!(Command::new("kill")
+            .arg("-TERM")
+            .arg(gateway.id().to_string())
+            .status()
+            .unwrap()
+            .success());
+        let mut status = None;
+        gantry_testkit::eventually_blocking(Duration::from_secs(10), "it exits on SIGTERM", || {
+            status = gateway.try_wait().unwrap();
+            status.is_some()
+        });
+        assert_eq!(status.unwrap().code(), Some(0), "never_ready={never_ready}");
+        // The daemonised servers stay with the container's PID namespace on
+        // a node; here they are stopped by hand.
+        let _ = Command::new("pkill").args(["-u", "65532", "-f", "/bin/busybox httpd"]).status();
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,11 +1,13 @@
-//! `gantry-image`: gantry's container image from built binaries, with no
-//! base image and no registry (deploy/image/build.sh runs it): the three
+//! `gantry-image`: container images as OCI archives, with no base image
+//! and no registry. `gantry` (deploy/image/build.sh runs it): the three
 //! binaries in /usr/local/bin, the shared libraries `ldd` says they load,
 //! CA certificates, `/etc/passwd` naming user 65532, which the image runs
 //! as (distroless-like). Written as an OCI archive; prints
 //! `NAME@sha256:DIGEST` as its last line. Reproducible: every time in it is
 //! `--epoch`, entries are in path order, JSON and gzip are canonical, and
 //! binaries lose their debug sections (`strip --strip-debug`, when there).
+//! `test-gateway`: busybox serving the pages a gateway's probes ask for,
+//! for tests on a real node.
 
 #![forbid(unsafe_code)]
 
@@ -24,54 +26,66 @@ const BINARIES: [&str; 3] = ["gateway-store", "gateway-reconciler", "gatewayctl"
 const NONROOT: u32 = 65532;
 
 #[derive(Parser, Debug)]
-#[command(about = "Assemble gantry's OCI image archive from built binaries")]
+#[command(about = "Assemble an OCI image archive: gantry's, or a test gateway's")]
 struct Args {
-    /// Directory holding gateway-store, gateway-reconciler and gatewayctl.
-    #[arg(long, env = "GANTRY_IMAGE_BINARIES")]
-    binaries: PathBuf,
     /// Where to write the OCI archive.
-    #[arg(long)]
+    #[arg(long, global = true, default_value = "image.oci.tar")]
     out: PathBuf,
     /// Repository name.
-    #[arg(long, env = "GANTRY_IMAGE_NAME", default_value = "ghcr.io/gantry-dev/gantry")]
+    #[arg(
+        long,
+        global = true,
+        env = "GANTRY_IMAGE_NAME",
+        default_value = "ghcr.io/gantry-dev/gantry"
+    )]
     name: String,
-    /// Tag (the version).
-    #[arg(long)]
+    /// Tag (gantry's: its version).
+    #[arg(long, global = true, default_value = "latest")]
     tag: String,
     /// Seconds since the epoch for every time in the image (the commit's).
-    #[arg(long, env = "SOURCE_DATE_EPOCH", default_value_t = 0)]
+    #[arg(long, global = true, env = "SOURCE_DATE_EPOCH", default_value_t = 0)]
     epoch: u64,
-    /// The source revision, as a label.
-    #[arg(long, default_value = "unknown")]
-    revision: String,
-    /// PEM bundle of CA certificates to carry.
-    #[arg(long, default_value = "/etc/ssl/certs/ca-certificates.crt")]
-    ca_bundle: PathBuf,
+    #[command(subcommand)]
+    kind: Kind,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Kind {
+    /// gateway-store, gateway-reconciler and gatewayctl (deploy/image/build.sh).
+    Gantry {
+        /// Directory holding gateway-store, gateway-reconciler and gatewayctl.
+        #[arg(long, env = "GANTRY_IMAGE_BINARIES")]
+        binaries: PathBuf,
+        /// The source revision, as a label.
+        #[arg(long, default_value = "unknown")]
+        revision: String,
+        /// PEM bundle of CA certificates to carry.
+        #[arg(long, default_value = "/etc/ssl/certs/ca-certificates.crt")]
+        ca_bundle: PathBuf,
+    },
+    /// A gateway for tests on a real node: busybox's httpd serving a page
+    /// on the gateway port (8443) and ok on the health ports (8081, 8082)
+    /// the rendered probes ask; with --never-ready, /readyz answers 404, so
+    /// the pods never become Ready.
+    TestGateway {
+        /// A static busybox (Debian: busybox-static).
+        #[arg(long, default_value = "/bin/busybox")]
+        busybox: PathBuf,
+        /// Answer /readyz with 404.
+        #[arg(long)]
+        never_ready: bool,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let root = root_filesystem(&args)?;
-    let image = oci::Image {
-        name: args.name.clone(),
-        tag: args.tag.clone(),
-        epoch: args.epoch,
-        user: format!("{NONROOT}:{NONROOT}"),
-        entrypoint: vec!["/usr/local/bin/gateway-store".into()],
-        env: vec![
-            "PATH=/usr/local/bin:/usr/bin:/bin".into(),
-            "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt".into(),
-        ],
-        ports: vec![50051, 9090, 9091],
-        labels: vec![
-            ("org.opencontainers.image.revision".into(), args.revision.clone()),
-            (
-                "org.opencontainers.image.source".into(),
-                "https://github.com/gantry-dev/gantry".into(),
-            ),
-            ("org.opencontainers.image.version".into(), args.tag.clone()),
-        ],
+    let (root, mut image) = match &args.kind {
+        Kind::Gantry { binaries, revision, ca_bundle } => {
+            (gantry_root(binaries, ca_bundle)?, gantry_image(revision, &args.tag))
+        }
+        Kind::TestGateway { busybox, never_ready } => test_gateway(busybox, *never_ready)?,
     };
+    (image.name, image.tag, image.epoch) = (args.name.clone(), args.tag.clone(), args.epoch);
     let (digest, archive) = oci::archive(&image, &root)?;
     if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -83,14 +97,88 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The image's files.
-fn root_filesystem(args: &Args) -> anyhow::Result<tar::Tree> {
+/// gantry's image settings (name, tag and time are set by `main`).
+fn gantry_image(revision: &str, version: &str) -> oci::Image {
+    oci::Image {
+        name: String::new(),
+        tag: String::new(),
+        epoch: 0,
+        user: format!("{NONROOT}:{NONROOT}"),
+        entrypoint: vec!["/usr/local/bin/gateway-store".into()],
+        env: vec![
+            "PATH=/usr/local/bin:/usr/bin:/bin".into(),
+            "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt".into(),
+        ],
+        ports: vec![50051, 9090, 9091],
+        labels: vec![
+            ("org.opencontainers.image.revision".into(), revision.into()),
+            (
+                "org.opencontainers.image.source".into(),
+                "https://github.com/gantry-dev/gantry".into(),
+            ),
+            ("org.opencontainers.image.version".into(), version.into()),
+        ],
+    }
+}
+
+/// The test gateway: busybox, its pages, and a shell as PID 1 that serves
+/// until SIGTERM and then exits 0.
+fn test_gateway(busybox: &Path, never_ready: bool) -> anyhow::Result<(tar::Tree, oci::Image)> {
+    let mut root = tar::Tree::default();
+    let bytes = std::fs::read(busybox)
+        .with_context(|| format!("reading {} (Debian: busybox-static)", busybox.display()))?;
+    root.file("bin/busybox", 0o755, 0, bytes);
+    root.file("www/index.html", 0o644, 0, b"gantry test gateway\n".to_vec());
+    // Never ready: /readyz answers 404, /healthz still 200 (no restarts).
+    let pages: &[&str] = if never_ready { &["healthz"] } else { &["readyz", "healthz"] };
+    for page in pages {
+        root.file(&format!("www/{page}"), 0o644, 0, b"ok\n".to_vec());
+    }
+    users(&mut root);
+    // The ports come from $PORTS when set (tests on a shared host).
+    let ports = "${PORTS:-8443 8081 8082}";
+    // httpd daemonises; the shell stays as PID 1 and exits 0 on SIGTERM
+    // (after at most the second it sleeps).
+    let script = format!(
+        "trap 'exit 0' TERM; for p in {ports}; do /bin/busybox httpd -p $p -h /www; done; \
+         while :; do /bin/busybox sleep 1; done"
+    );
+    let image = oci::Image {
+        name: String::new(),
+        tag: String::new(),
+        epoch: 0,
+        user: format!("{NONROOT}:{NONROOT}"),
+        entrypoint: vec!["/bin/busybox".into(), "sh".into(), "-c".into(), script, "gateway".into()],
+        env: vec!["PATH=/bin".into()],
+        ports: vec![8443, 8081, 8082],
+        labels: vec![],
+    };
+    Ok((root, image))
+}
+
+/// `/etc/passwd` and `/etc/group` naming root and 65532 (`nonroot`), its
+/// home and `/tmp`.
+fn users(root: &mut tar::Tree) {
+    let passwd = format!(
+        "root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:{NONROOT}:{NONROOT}:nonroot:/home/nonroot:/sbin/nologin\n"
+    );
+    root.file("etc/passwd", 0o644, 0, passwd.into_bytes());
+    root.file("etc/group", 0o644, 0, format!("root:x:0:\nnonroot:x:{NONROOT}:\n").into_bytes());
+    root.dir("tmp", 0o1777, 0);
+    root.dir("home/nonroot", 0o755, NONROOT);
+}
+
+/// gantry's files.
+fn gantry_root(binaries: &Path, ca_bundle: &Path) -> anyhow::Result<tar::Tree> {
     let mut root = tar::Tree::default();
     let mut libraries = std::collections::BTreeSet::new();
     for name in BINARIES {
-        let path = args.binaries.join(name);
+        let path = binaries.join(name);
         if !path.is_file() {
-            bail!("{} is missing: build it first (cargo build --release -p gantry-store -p gantry-reconciler -p gantry-ctl)", path.display());
+            bail!(
+                "{} is missing: build it first (cargo build --release -p gantry-store -p gantry-reconciler -p gantry-ctl)",
+                path.display()
+            );
         }
         root.file(&format!("usr/local/bin/{name}"), 0o755, 0, stripped(&path)?);
         libraries.extend(loaded_libraries(&path)?);
@@ -100,18 +188,12 @@ fn root_filesystem(args: &Args) -> anyhow::Result<tar::Tree> {
             std::fs::read(format!("/{library}")).with_context(|| format!("reading /{library}"))?;
         root.file(&library, 0o755, 0, bytes);
     }
-    let ca = std::fs::read(&args.ca_bundle).with_context(|| {
-        format!("reading CA certificates {} (Debian: ca-certificates)", args.ca_bundle.display())
+    let ca = std::fs::read(ca_bundle).with_context(|| {
+        format!("reading CA certificates {} (Debian: ca-certificates)", ca_bundle.display())
     })?;
     root.file("etc/ssl/certs/ca-certificates.crt", 0o644, 0, ca);
-    let passwd = format!(
-        "root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:{NONROOT}:{NONROOT}:nonroot:/home/nonroot:/sbin/nologin\n"
-    );
-    root.file("etc/passwd", 0o644, 0, passwd.into_bytes());
-    root.file("etc/group", 0o644, 0, format!("root:x:0:\nnonroot:x:{NONROOT}:\n").into_bytes());
     root.file("etc/nsswitch.conf", 0o644, 0, b"hosts: files dns\n".to_vec());
-    root.dir("tmp", 0o1777, 0);
-    root.dir("home/nonroot", 0o755, NONROOT);
+    users(&mut root);
     root.dir("var/lib/gantry", 0o755, NONROOT);
     Ok(root)
 }
