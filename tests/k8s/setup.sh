@@ -12,6 +12,11 @@
 #              versus` runs side by side with gantry (needs root).
 #   promtool   Debian's prometheus package, for `promtool check rules` and
 #              `promtool test rules` on deploy/monitoring (needs root).
+#   node       a real node next to the control plane: containerd, runc and
+#              the CNI plugins from Debian's packages, kubelet and kube-proxy
+#              built from tests/k8s/tools/node (the control plane's release),
+#              cached like it (needs root).
+#   node-bin   print where the node's binaries are (or would be).
 #   image      skopeo, umoci and busybox-static from Debian's packages: the
 #              image tests read deploy/image/build.sh's archive with skopeo.
 #   shells     zsh and fish from Debian's packages, whose completion
@@ -21,8 +26,8 @@
 #   bin-dir    print the directory the k8s binaries are (or would be) in, and
 #              build nothing; the Rust test harness asks this.
 #   grpcurl-bin  print where grpcurl is (or would be), building nothing.
-#   all        postgres, etcd, promtool, image, shells, grpcurl, then k8s
-#              (the default).
+#   all        postgres, etcd, promtool, image, shells, grpcurl, k8s, then
+#              node (the default).
 #
 # Everything is fetched through Debian's packages and the Go module proxy.
 # GANTRY_K8S_CACHE moves the cache (default ~/.cache/gantry/k8s).
@@ -36,6 +41,43 @@ export GOFLAGS="${GOFLAGS:--buildvcs=false}"
 # Kubernetes release built from tools/kube/go.mod; stamped into the binaries
 # so that /version and `kubectl version` tell the truth.
 kube_version() { grep -oE 'k8s.io/kubernetes v[0-9]+\.[0-9]+\.[0-9]+' "$tools/kube/go.mod" | head -n1 | cut -d' ' -f2; }
+
+node_bin() {
+  local mod="$tools/node" key
+  key="$( (cat "$mod/go.mod" "$mod/go.sum"; go env GOVERSION) | sha256sum | cut -c1-16)"
+  echo "$(cache_root)/node-$(kube_version)-$key/bin"
+}
+
+setup_node() {
+  local dir tmp version minor ldflags
+  if ! command -v containerd >/dev/null || ! command -v runc >/dev/null || [ ! -x /usr/lib/cni/bridge ]; then
+    echo "node: installing containerd, runc and the CNI plugins from Debian's packages"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq containerd runc containernetworking-plugins iptables >/dev/null
+  fi
+  dir="$(node_bin)"
+  if [ -x "$dir/kubelet" ] && [ -x "$dir/kube-proxy" ]; then
+    echo "node: kubelet and kube-proxy cached in $dir"
+    return
+  fi
+  command -v go >/dev/null || { echo "node: Go is needed to build the kubelet (go 1.26)" >&2; exit 1; }
+  echo "node: building kubelet and kube-proxy into $dir (cold: a few minutes after the control plane)"
+  tmp="$dir.tmp.$$"
+  rm -rf "$tmp"
+  mkdir -p "$tmp"
+  version="$(kube_version)"
+  minor="$(echo "$version" | cut -d. -f2)"
+  ldflags="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags="$ldflags -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+  done
+  (cd "$tools/node" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$tmp/" \
+    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy)
+  rm -rf "$dir"
+  mv "$tmp" "$dir"
+  echo "node: built kubelet and kube-proxy into $dir"
+}
 
 setup_image() {
   if ! command -v skopeo >/dev/null || ! command -v umoci >/dev/null || ! command -v busybox >/dev/null; then
@@ -84,7 +126,7 @@ setup_grpcurl() {
 
 bin_dir() {
   local key
-  key="$( (cat "$tools"/*/go.mod "$tools"/*/go.sum; go env GOVERSION) | sha256sum | cut -c1-16)"
+  key="$( (cat "$tools"/{etcd,kube,kwok}/go.mod "$tools"/{etcd,kube,kwok}/go.sum; go env GOVERSION) | sha256sum | cut -c1-16)"
   echo "$(cache_root)/$(kube_version)-$key/bin"
 }
 
@@ -181,7 +223,9 @@ case "${1:-all}" in
   grpcurl) setup_grpcurl ;;
   shells) setup_shells ;;
   image) setup_image ;;
+  node) setup_node ;;
+  node-bin) node_bin ;;
   grpcurl-bin) grpcurl_bin ;;
-  all) setup_postgres; setup_etcd; setup_promtool; setup_image; setup_shells; setup_grpcurl; setup_k8s ;;
-  *) echo "usage: $0 [all|postgres|etcd|promtool|image|shells|grpcurl|k8s|bin-dir|grpcurl-bin]" >&2; exit 2 ;;
+  all) setup_postgres; setup_etcd; setup_promtool; setup_image; setup_shells; setup_grpcurl; setup_k8s; setup_node ;;
+  *) echo "usage: $0 [all|postgres|etcd|promtool|image|shells|grpcurl|k8s|node|bin-dir|grpcurl-bin|node-bin]" >&2; exit 2 ;;
 esac

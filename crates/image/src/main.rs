@@ -75,6 +75,13 @@ enum Kind {
         #[arg(long)]
         never_ready: bool,
     },
+    /// The pod sandbox image (containerd's `sandbox_image`) for a node with
+    /// no registry: a shell that waits until SIGTERM and exits 0.
+    Pause {
+        /// A static busybox (Debian: busybox-static).
+        #[arg(long, default_value = "/bin/busybox")]
+        busybox: PathBuf,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -84,6 +91,7 @@ fn main() -> anyhow::Result<()> {
             (gantry_root(binaries, ca_bundle)?, gantry_image(revision, &args.tag))
         }
         Kind::TestGateway { busybox, never_ready } => test_gateway(busybox, *never_ready)?,
+        Kind::Pause { busybox } => pause(busybox)?,
     };
     (image.name, image.tag, image.epoch) = (args.name.clone(), args.tag.clone(), args.epoch);
     let (digest, archive) = oci::archive(&image, &root)?;
@@ -151,6 +159,32 @@ fn test_gateway(busybox: &Path, never_ready: bool) -> anyhow::Result<(tar::Tree,
         entrypoint: vec!["/bin/busybox".into(), "sh".into(), "-c".into(), script, "gateway".into()],
         env: vec!["PATH=/bin".into()],
         ports: vec![8443, 8081, 8082],
+        labels: vec![],
+    };
+    Ok((root, image))
+}
+
+/// The sandbox: busybox and a shell that sleeps until SIGTERM.
+fn pause(busybox: &Path) -> anyhow::Result<(tar::Tree, oci::Image)> {
+    let mut root = tar::Tree::default();
+    let bytes = std::fs::read(busybox)
+        .with_context(|| format!("reading {} (Debian: busybox-static)", busybox.display()))?;
+    root.file("bin/busybox", 0o755, 0, bytes);
+    let script = "trap 'exit 0' TERM INT; while :; do /bin/busybox sleep 1; done";
+    let image = oci::Image {
+        name: String::new(),
+        tag: String::new(),
+        epoch: 0,
+        user: format!("{NONROOT}:{NONROOT}"),
+        entrypoint: vec![
+            "/bin/busybox".into(),
+            "sh".into(),
+            "-c".into(),
+            script.into(),
+            "pause".into(),
+        ],
+        env: vec!["PATH=/bin".into()],
+        ports: vec![],
         labels: vec![],
     };
     Ok((root, image))

@@ -37,7 +37,7 @@ pub const NEVER_READY_IMAGE: &str = "registry.invalid/never-ready:1";
 const BINARIES: [&str; 6] =
     ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kubectl"];
 
-fn k8s_dir() -> PathBuf {
+pub(crate) fn k8s_dir() -> PathBuf {
     workspace_root().join("tests/k8s")
 }
 
@@ -131,11 +131,11 @@ fn certificates() -> Certs {
     }
 }
 
-fn write(path: &Path, text: &str) {
+pub(crate) fn write(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
 }
 
-fn kubeconfig(url: &str, ca: &Path, user: &str, token: &str) -> String {
+pub(crate) fn kubeconfig(url: &str, ca: &Path, user: &str, token: &str) -> String {
     format!(
         "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {url}\n    certificate-authority: {}\nusers:\n- name: {user}\n  user:\n    token: {token}\ncontexts:\n- name: test\n  context: {{cluster: test, user: {user}}}\ncurrent-context: test\n",
         ca.display()
@@ -551,7 +551,7 @@ pub fn kustomize(kubectl: &Path, what: &str) -> Vec<Value> {
     serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("kustomize {what}: {e}"))
 }
 
-fn tail(text: &str, lines: usize) -> String {
+pub(crate) fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
 }

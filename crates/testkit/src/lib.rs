@@ -19,6 +19,7 @@ pub mod gateway;
 pub mod http;
 pub mod k8s;
 pub mod linearizability;
+pub mod node;
 pub mod process;
 pub mod rig;
 mod services;
