@@ -14,8 +14,9 @@
 #              `promtool test rules` on deploy/monitoring (needs root).
 #   node       a real node next to the control plane: containerd, runc and
 #              the CNI plugins from Debian's packages, kubelet and kube-proxy
-#              built from tests/k8s/tools/node (the control plane's release),
-#              cached like it (needs root).
+#              built from tests/k8s/tools/node (the control plane's release)
+#              and CoreDNS from tests/k8s/tools/coredns, cached like it
+#              (needs root).
 #   node-bin   print where the node's binaries are (or would be).
 #   image      skopeo, umoci and busybox-static from Debian's packages: the
 #              image tests read deploy/image/build.sh's archive with skopeo.
@@ -43,8 +44,8 @@ export GOFLAGS="${GOFLAGS:--buildvcs=false}"
 kube_version() { grep -oE 'k8s.io/kubernetes v[0-9]+\.[0-9]+\.[0-9]+' "$tools/kube/go.mod" | head -n1 | cut -d' ' -f2; }
 
 node_bin() {
-  local mod="$tools/node" key
-  key="$( (cat "$mod/go.mod" "$mod/go.sum"; go env GOVERSION) | sha256sum | cut -c1-16)"
+  local key
+  key="$( (cat "$tools"/{node,coredns}/go.mod "$tools"/{node,coredns}/go.sum; go env GOVERSION) | sha256sum | cut -c1-16)"
   echo "$(cache_root)/node-$(kube_version)-$key/bin"
 }
 
@@ -57,12 +58,12 @@ setup_node() {
     apt-get install -y -qq containerd runc containernetworking-plugins iptables >/dev/null
   fi
   dir="$(node_bin)"
-  if [ -x "$dir/kubelet" ] && [ -x "$dir/kube-proxy" ]; then
-    echo "node: kubelet and kube-proxy cached in $dir"
+  if [ -x "$dir/kubelet" ] && [ -x "$dir/kube-proxy" ] && [ -x "$dir/coredns" ]; then
+    echo "node: kubelet, kube-proxy and coredns cached in $dir"
     return
   fi
   command -v go >/dev/null || { echo "node: Go is needed to build the kubelet (go 1.26)" >&2; exit 1; }
-  echo "node: building kubelet and kube-proxy into $dir (cold: a few minutes after the control plane)"
+  echo "node: building kubelet, kube-proxy and coredns into $dir (cold: a few minutes after the control plane)"
   tmp="$dir.tmp.$$"
   rm -rf "$tmp"
   mkdir -p "$tmp"
@@ -74,9 +75,10 @@ setup_node() {
   done
   (cd "$tools/node" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$tmp/" \
     k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy)
+  (cd "$tools/coredns" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$tmp/coredns" github.com/coredns/coredns)
   rm -rf "$dir"
   mv "$tmp" "$dir"
-  echo "node: built kubelet and kube-proxy into $dir"
+  echo "node: built kubelet, kube-proxy and coredns into $dir"
 }
 
 setup_image() {

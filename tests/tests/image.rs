@@ -146,6 +146,8 @@ fn the_image_is_reproducible_readable_and_runs_as_nonroot() {
         "--data-dir=/tmp/data",
         "--allow-unauthenticated",
     ])
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::null())
     .spawn()
     .unwrap();
     wait_ready(http, "/readyz", Duration::from_secs(30));

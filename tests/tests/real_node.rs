@@ -100,6 +100,16 @@ fn http(url: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The page at `url` once it holds `wanted` (kube-proxy programs a new
+/// Service's endpoints a moment after the pods are Ready).
+async fn page_with(url: &str, wanted: &str) -> String {
+    let what = format!("{url} to answer {wanted:?}");
+    gantry_testkit::eventually_some(Duration::from_secs(30), &what, || async {
+        Some(http(url)).filter(|page| page.contains(wanted))
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn images_built_here_run_on_a_real_node() {
     let Some(node) = tokio::task::block_in_place(RealNode::start) else { return };
@@ -124,14 +134,7 @@ async fn images_built_here_run_on_a_real_node() {
     let cluster_ip =
         node.kubectl(&["-n", "real", "get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"]);
     assert!(cluster_ip.starts_with("10.96."), "{cluster_ip}");
-    let mut page = String::new();
-    for _ in 0..40 {
-        page = http(&format!("http://{cluster_ip}:443/"));
-        if page.contains("gantry test gateway") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let page = page_with(&format!("http://{cluster_ip}:443/"), "gantry test gateway").await;
     assert!(
         page.contains("gantry test gateway"),
         "through the ClusterIP: {page:?}\n{}",
@@ -226,15 +229,15 @@ async fn images_built_here_run_on_a_real_node() {
     );
     ready(&node, "app=store");
     // The first call after the restart may meet the old connection.
-    let mut listed = Vec::new();
-    for _ in 0..20 {
-        let request = gantry_api::v1::ListGatewaysRequest { page_size: 1000, ..Default::default() };
-        if let Ok(page) = client.clone().list_gateways(request).await {
-            listed = page.into_inner().gateways;
-            break;
+    let listed = gantry_testkit::eventually_some(Duration::from_secs(30), "a listing", || {
+        let mut client = client.clone();
+        async move {
+            let request =
+                gantry_api::v1::ListGatewaysRequest { page_size: 1000, ..Default::default() };
+            client.list_gateways(request).await.ok().map(|page| page.into_inner().gateways)
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    })
+    .await;
     let names: Vec<String> =
         listed.iter().map(|g| g.metadata.as_ref().unwrap().name.clone()).collect();
     assert_eq!(names.len(), WRITES, "acknowledged writes after the restart: {names:?}");
@@ -248,5 +251,167 @@ async fn images_built_here_run_on_a_real_node() {
         "jsonpath={.spec.securityContext.runAsUser}",
     ]);
     assert_eq!(user, "65532");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `kubectl port-forward` of `target` in `namespace` to a free local port,
+/// as the README has users reach the store; the port, once forwarding.
+fn port_forward(
+    node: &RealNode,
+    namespace: &str,
+    target: &str,
+    remote: u16,
+) -> (std::process::Child, u16) {
+    use std::io::BufRead as _;
+    let local = gantry_testkit::free_port();
+    let mut child = Command::new(gantry_testkit::k8s::kubectl().unwrap())
+        .arg("--kubeconfig")
+        .arg(&node.admin_kubeconfig)
+        .args(["-n", namespace, "port-forward", target, &format!("{local}:{remote}")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.contains("Forwarding from"), "{first}");
+    // Keep reading so that the pipe never fills.
+    std::thread::spawn(move || for _ in lines {});
+    (child, local)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pair_from_the_dev_overlay_converges_a_gateway_whose_pods_answer() {
+    let Some(node) = tokio::task::block_in_place(RealNode::start) else { return };
+    let dir = temp_dir("real-node-pair");
+    // gantry's image under a name only kustomize's substitution reaches.
+    let archive = dir.join("gantry.tar");
+    let mut build = Command::new("bash");
+    build
+        .arg(workspace_root().join("deploy/image/build.sh"))
+        .arg(&archive)
+        .env("GANTRY_IMAGE_BINARIES", binary("gateway-store").parent().unwrap())
+        .env("GANTRY_IMAGE_NAME", "gantry.test/gantry");
+    without_test_cargo_env(&mut build);
+    let built = build.output().unwrap();
+    assert!(built.status.success(), "build.sh: {}", String::from_utf8_lossy(&built.stderr));
+    node.import(&archive);
+    node.import(&image(&dir, "gateway.tar", "gantry.test/gateway:1", &["test-gateway"]));
+
+    // The store's claim is met by a volume on this node.
+    let volume = dir.join("store-volume");
+    std::fs::create_dir_all(&volume).unwrap();
+    let _ = Command::new("chmod").arg("0777").arg(&volume).status();
+    let pv = format!(
+        r#"{{"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {{"name": "store-data"}},
+ "spec": {{"capacity": {{"storage": "1Gi"}}, "accessModes": ["ReadWriteOnce"], "hostPath": {{"path": "{}"}}}}}}"#,
+        volume.display()
+    );
+    node.kubectl_stdin(&["apply", "-f", "-"], &pv);
+    // deploy/overlays/dev as the README applies it, the image substituted
+    // by kustomize.
+    let overlay = dir.join("overlay");
+    std::fs::create_dir_all(&overlay).unwrap();
+    // kustomize takes only relative paths: up to / and down to the overlay.
+    let target = workspace_root().join("deploy/overlays/dev").canonicalize().unwrap();
+    let up = "../".repeat(overlay.canonicalize().unwrap().components().count() - 1);
+    let relative = format!("{up}{}", target.display().to_string().trim_start_matches('/'));
+    let kustomization = format!(
+        "resources:\n  - {relative}\nimages:\n  - name: ghcr.io/gantry-dev/gantry\n    newName: gantry.test/gantry\n"
+    );
+    std::fs::write(overlay.join("kustomization.yaml"), kustomization).unwrap();
+    node.kubectl(&["apply", "-k", overlay.to_str().unwrap()]);
+    for app in ["gateway-store", "gateway-reconciler"] {
+        node.wait_for(
+            &format!("{app} Ready"),
+            Duration::from_secs(180),
+            &[
+                "-n",
+                "gantry",
+                "get",
+                "pods",
+                "-l",
+                &format!("app.kubernetes.io/name={app}"),
+                "-o",
+                "jsonpath={.items[*].status.conditions[?(@.type==\"Ready\")].status}",
+            ],
+            |s| s == "True",
+        );
+    }
+    let holder = node.wait_for(
+        "the reconciler to hold the Lease",
+        Duration::from_secs(60),
+        &["-n", "gantry", "get", "lease", "-o", "jsonpath={.items[*].spec.holderIdentity}"],
+        |s| s.contains("gateway-reconciler"),
+    );
+    assert!(!holder.is_empty());
+
+    // The README's way in: port-forward, then gatewayctl.
+    let (mut forward, port) = port_forward(&node, "gantry", "svc/gateway-store", 50051);
+    let tokens =
+        std::fs::read_to_string(workspace_root().join("deploy/overlays/dev/dev-tokens.csv"))
+            .unwrap();
+    let token = tokens
+        .lines()
+        .find(|l| l.contains(",admin"))
+        .unwrap()
+        .split(',')
+        .next()
+        .unwrap()
+        .to_string();
+    let ctl = |args: &[&str]| {
+        gantry_testkit::ctl::ctl_command(
+            &[&["--server", &format!("http://127.0.0.1:{port}"), "--token", &token], args].concat(),
+        )
+        .output()
+        .unwrap()
+    };
+    let created = ctl(&[
+        "create",
+        "gateway",
+        "demo",
+        "--image",
+        "gantry.test/gateway:1",
+        "--supervisor-image",
+        "gantry.test/gateway:1",
+        "--replicas",
+        "1",
+    ]);
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    let waited = ctl(&["wait", "demo", "--for=jsonpath={.status.phase}=RUNNING", "--timeout=240s"]);
+    assert!(
+        waited.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&waited.stderr),
+        node.diagnostics()
+    );
+    // RUNNING only once the pods are Ready.
+    let ready = node.kubectl(&[
+        "-n",
+        "gantry-gateways",
+        "get",
+        "pods",
+        "-o",
+        "jsonpath={.items[*].status.conditions[?(@.type==\"Ready\")].status}",
+    ]);
+    assert_eq!(ready, "True", "RUNNING with pods not Ready");
+    let cluster_ip = node.kubectl(&[
+        "-n",
+        "gantry-gateways",
+        "get",
+        "svc",
+        "demo",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ]);
+    let page = page_with(&format!("http://{cluster_ip}:443/"), "gantry test gateway").await;
+    assert!(
+        page.contains("gantry test gateway"),
+        "through the gateway's Service {cluster_ip}: {page:?}\n{}\n{}",
+        node.kubectl(&["-n", "gantry-gateways", "get", "svc,endpointslices,pods", "-o", "wide"]),
+        node.diagnostics()
+    );
+    let _ = forward.kill();
+    let _ = forward.wait();
     let _ = std::fs::remove_dir_all(dir);
 }

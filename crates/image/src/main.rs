@@ -75,6 +75,12 @@ enum Kind {
         #[arg(long)]
         never_ready: bool,
     },
+    /// One static binary as /usr/local/bin/NAME, its entrypoint, run as
+    /// 65532 (the real node's CoreDNS).
+    Static {
+        /// The binary (statically linked).
+        binary: PathBuf,
+    },
     /// The pod sandbox image (containerd's `sandbox_image`) for a node with
     /// no registry: a shell that waits until SIGTERM and exits 0.
     Pause {
@@ -92,6 +98,7 @@ fn main() -> anyhow::Result<()> {
         }
         Kind::TestGateway { busybox, never_ready } => test_gateway(busybox, *never_ready)?,
         Kind::Pause { busybox } => pause(busybox)?,
+        Kind::Static { binary } => static_binary(binary)?,
     };
     (image.name, image.tag, image.epoch) = (args.name.clone(), args.tag.clone(), args.epoch);
     let (digest, archive) = oci::archive(&image, &root)?;
@@ -159,6 +166,31 @@ fn test_gateway(busybox: &Path, never_ready: bool) -> anyhow::Result<(tar::Tree,
         entrypoint: vec!["/bin/busybox".into(), "sh".into(), "-c".into(), script, "gateway".into()],
         env: vec!["PATH=/bin".into()],
         ports: vec![8443, 8081, 8082],
+        labels: vec![],
+    };
+    Ok((root, image))
+}
+
+/// A static binary and the users; it is the entrypoint.
+fn static_binary(binary: &Path) -> anyhow::Result<(tar::Tree, oci::Image)> {
+    let name = binary.file_name().and_then(|n| n.to_str()).context("a binary's file name")?;
+    let mut root = tar::Tree::default();
+    let path = format!("usr/local/bin/{name}");
+    root.file(
+        &path,
+        0o755,
+        0,
+        std::fs::read(binary).with_context(|| format!("reading {}", binary.display()))?,
+    );
+    users(&mut root);
+    let image = oci::Image {
+        name: String::new(),
+        tag: String::new(),
+        epoch: 0,
+        user: format!("{NONROOT}:{NONROOT}"),
+        entrypoint: vec![format!("/{path}")],
+        env: vec!["PATH=/usr/local/bin".into()],
+        ports: vec![],
         labels: vec![],
     };
     Ok((root, image))

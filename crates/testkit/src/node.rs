@@ -30,6 +30,8 @@ pub(crate) const BRIDGE: &str = "gantry0";
 const NODE_IP: &str = "10.244.0.1";
 const POD_CIDR: &str = "10.244.0.0/24";
 const SERVICE_CIDR: &str = "10.96.0.0/16";
+/// The cluster DNS Service's address (CoreDNS).
+const DNS_IP: &str = "10.96.0.10";
 /// The name the node registers.
 pub const NODE_NAME: &str = "gantry-node";
 /// The sandbox image containerd runs for every pod.
@@ -45,7 +47,12 @@ pub struct RealNode {
     pub admin_kubeconfig: PathBuf,
     /// The containerd socket (for `ctr`).
     pub containerd_socket: PathBuf,
+    /// One node at a time on this machine (tests of one binary run in
+    /// parallel): held until the node is undone.
+    _turn: std::sync::MutexGuard<'static, ()>,
 }
+
+static ONE_NODE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// What a real node needs on this machine; the reason when something is
 /// missing.
@@ -63,7 +70,7 @@ fn missing_prerequisite(node_bin: &Path) -> Option<String> {
             return Some(format!("{tool} is not installed (tests/k8s/setup.sh node)"));
         }
     }
-    for file in ["kubelet", "kube-proxy"] {
+    for file in ["kubelet", "kube-proxy", "coredns"] {
         if !node_bin.join(file).is_file() {
             return Some(format!(
                 "{file} is not in {} (tests/k8s/setup.sh node)",
@@ -97,6 +104,7 @@ impl RealNode {
             return None;
         }
         let bin = bin_dir()?;
+        let turn = ONE_NODE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let started = Instant::now();
         // A node left by a killed run: undo what can be undone first.
         let _ = run("ip", &["link", "delete", BRIDGE]);
@@ -109,6 +117,7 @@ impl RealNode {
             bin,
             children: Vec::new(),
             host,
+            _turn: turn,
         };
         node.network();
         node.control_plane();
@@ -140,6 +149,7 @@ impl RealNode {
             ],
             |out| out == "True",
         );
+        node.dns(&node_bin);
         eprintln!("real node ready in {:?}", started.elapsed());
         Some(node)
     }
@@ -298,6 +308,71 @@ impl RealNode {
         }
     }
 
+    /// CoreDNS (from `setup.sh node`) as the cluster DNS: Services by
+    /// name, nothing forwarded off the machine.
+    fn dns(&self, node_bin: &Path) {
+        let archive = self.dir.join("coredns.tar");
+        let built = Command::new(binary("gantry-image"))
+            .args([
+                "--out",
+                &archive.display().to_string(),
+                "--name",
+                "gantry.test/coredns",
+                "--tag",
+                "1",
+            ])
+            .args(["static", &node_bin.join("coredns").display().to_string()])
+            .output()
+            .expect("gantry-image");
+        assert!(
+            built.status.success(),
+            "gantry-image static: {}",
+            String::from_utf8_lossy(&built.stderr)
+        );
+        self.import(&archive);
+        let corefile = ".:1053 {\n    errors\n    ready :8181\n    kubernetes cluster.local in-addr.arpa ip6.arpa {\n        pods insecure\n    }\n    cache 30\n}\n";
+        let manifests = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "coredns", "namespace": "kube-system"}},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "gantry-test:coredns"},
+             "rules": [{"apiGroups": [""], "resources": ["endpoints", "services", "pods", "namespaces"], "verbs": ["list", "watch"]},
+                       {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["list", "watch"]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": "gantry-test:coredns"},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "gantry-test:coredns"},
+             "subjects": [{"kind": "ServiceAccount", "name": "coredns", "namespace": "kube-system"}]},
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "coredns", "namespace": "kube-system"},
+             "data": {"Corefile": corefile}},
+            {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "coredns", "namespace": "kube-system"},
+             "spec": {"replicas": 1, "selector": {"matchLabels": {"k8s-app": "kube-dns"}},
+              "template": {"metadata": {"labels": {"k8s-app": "kube-dns"}}, "spec": {
+                "serviceAccountName": "coredns", "dnsPolicy": "Default",
+                "containers": [{"name": "coredns", "image": "gantry.test/coredns:1", "imagePullPolicy": "Never",
+                  "args": ["-conf", "/etc/coredns/Corefile"],
+                  "readinessProbe": {"httpGet": {"path": "/ready", "port": 8181}, "periodSeconds": 1},
+                  "volumeMounts": [{"name": "config", "mountPath": "/etc/coredns"}]}],
+                "volumes": [{"name": "config", "configMap": {"name": "coredns"}}]}}}},
+            {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "kube-dns", "namespace": "kube-system"},
+             "spec": {"clusterIP": DNS_IP, "selector": {"k8s-app": "kube-dns"},
+              "ports": [{"name": "dns", "port": 53, "protocol": "UDP", "targetPort": 1053},
+                        {"name": "dns-tcp", "port": 53, "protocol": "TCP", "targetPort": 1053}]}},
+        ]});
+        self.kubectl_stdin(&["apply", "-f", "-"], &manifests.to_string());
+        self.wait_for(
+            "CoreDNS to be Ready",
+            Duration::from_secs(120),
+            &[
+                "-n",
+                "kube-system",
+                "get",
+                "pods",
+                "-l",
+                "k8s-app=kube-dns",
+                "-o",
+                "jsonpath={.items[*].status.conditions[?(@.type==\"Ready\")].status}",
+            ],
+            |s| s == "True",
+        );
+    }
+
     /// `gantry-image pause` in this node's directory.
     fn pause_image(&self) -> PathBuf {
         let out = self.dir.join("pause.tar");
@@ -320,7 +395,7 @@ impl RealNode {
              failCgroupV1: false\ncgroupDriver: cgroupfs\nresolvConf: \"\"\naddress: {NODE_IP}\nport: {port}\n\
              readOnlyPort: 0\nhealthzBindAddress: 127.0.0.1\nhealthzPort: {healthz}\n\
              authentication: {{anonymous: {{enabled: true}}, webhook: {{enabled: false}}}}\n\
-             authorization: {{mode: AlwaysAllow}}\nclusterDomain: cluster.local\nfailSwapOn: false\n\
+             authorization: {{mode: AlwaysAllow}}\nclusterDomain: cluster.local\nclusterDNS: [{DNS_IP}]\nfailSwapOn: false\n\
              imageGCHighThresholdPercent: 100\n\
              evictionHard: {{\"memory.available\": \"1Mi\", \"nodefs.available\": \"1%\", \"imagefs.available\": \"1%\"}}\n",
             port = free_port(),
