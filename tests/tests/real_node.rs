@@ -411,7 +411,167 @@ async fn the_pair_from_the_dev_overlay_converges_a_gateway_whose_pods_answer() {
         node.kubectl(&["-n", "gantry-gateways", "get", "svc,endpointslices,pods", "-o", "wide"]),
         node.diagnostics()
     );
+    // Inside the gateway's container: non-root, and the root filesystem
+    // refuses writes.
+    let exec = |args: &[&str]| {
+        node.kubectl_output(
+            &[&["-n", "gantry-gateways", "exec", "deploy/demo", "-c", "gateway", "--"], args]
+                .concat(),
+        )
+    };
+    let id = exec(&["/bin/busybox", "id", "-u"]);
+    assert_eq!(
+        String::from_utf8_lossy(&id.stdout).trim(),
+        "65532",
+        "{}",
+        String::from_utf8_lossy(&id.stderr)
+    );
+    let touched = exec(&["/bin/busybox", "touch", "/written"]);
+    assert!(!touched.status.success(), "a write to / succeeded");
+    assert!(
+        String::from_utf8_lossy(&touched.stderr).contains("Read-only file system"),
+        "{touched:?}"
+    );
+
+    // The reconciler's pod deleted: its replacement takes the Lease and
+    // converges a change made meanwhile.
+    let old = node.kubectl(&[
+        "-n",
+        "gantry",
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=gateway-reconciler",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ]);
+    node.kubectl(&["-n", "gantry", "delete", "pod", &old, "--wait=false"]);
+    let scaled = ctl(&["scale", "demo", "--replicas=2"]);
+    assert!(scaled.status.success(), "{}", String::from_utf8_lossy(&scaled.stderr));
+    node.wait_for(
+        "a new reconciler to hold the Lease",
+        Duration::from_secs(120),
+        &["-n", "gantry", "get", "lease", "-o", "jsonpath={.items[*].spec.holderIdentity}"],
+        |holder| holder.contains("gateway-reconciler") && !holder.contains(&old),
+    );
+    let converged = ctl(&["wait", "demo", "--for=converged", "--timeout=240s"]);
+    assert!(
+        converged.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&converged.stderr),
+        node.diagnostics()
+    );
+    node.wait_for(
+        "two Ready gateway pods",
+        Duration::from_secs(120),
+        &[
+            "-n",
+            "gantry-gateways",
+            "get",
+            "pods",
+            "-o",
+            "jsonpath={.items[*].status.conditions[?(@.type==\"Ready\")].status}",
+        ],
+        |s| s == "True True",
+    );
     let _ = forward.kill();
     let _ = forward.wait();
+
+    // `kubectl rollout restart` of the store (Recreate: it is away for a
+    // while) under a client writing through its Service: every write it
+    // was told succeeded is there afterwards, and its retries are bounded.
+    let store_ip = node.kubectl(&[
+        "-n",
+        "gantry",
+        "get",
+        "svc",
+        "gateway-store",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ]);
+    let client = gantry_client::ClientConfig {
+        endpoint: format!("http://{store_ip}:50051"),
+        token: Some(token.clone()),
+        ..Default::default()
+    }
+    .connect_lazy()
+    .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let writer = tokio::spawn(write_until(client.clone(), stop.clone(), written.clone()));
+    node.kubectl(&["-n", "gantry", "rollout", "restart", "deploy/gateway-store"]);
+    node.kubectl(&["-n", "gantry", "rollout", "status", "deploy/gateway-store", "--timeout=240s"]);
+    // A few writes to the new store too.
+    let after = written.load(std::sync::atomic::Ordering::SeqCst);
+    gantry_testkit::eventually(Duration::from_secs(120), "writes after the restart", || {
+        let written = written.clone();
+        async move { written.load(std::sync::atomic::Ordering::SeqCst) >= after + 3 }
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (acked, retries) = writer.await.unwrap();
+    assert!(acked.len() >= 5, "too few writes to tell: {acked:?}");
+    let listed = gantry_testkit::eventually_some(Duration::from_secs(30), "a listing", || {
+        let mut client = client.clone();
+        async move {
+            let request =
+                gantry_api::v1::ListGatewaysRequest { page_size: 1000, ..Default::default() };
+            client.list_gateways(request).await.ok().map(|page| page.into_inner().gateways)
+        }
+    })
+    .await;
+    let stored: std::collections::BTreeSet<String> =
+        listed.iter().map(|g| g.metadata.as_ref().unwrap().name.clone()).collect();
+    let lost: Vec<&String> = acked.iter().filter(|name| !stored.contains(*name)).collect();
+    assert!(lost.is_empty(), "acknowledged and lost across the restart: {lost:?}");
+    // Each write's retries end within its bound (write_until); say how many.
+    eprintln!("{} writes across the restart, {retries} failed attempts retried", acked.len());
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Creates gateways one after another until `stop`, counting them in
+/// `written` (each retried until the store answers: an ALREADY_EXISTS
+/// after a lost answer means it landed); the names acknowledged and the
+/// attempts that failed.
+async fn write_until(
+    client: gantry_client::GatewayClient,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    written: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> (Vec<String>, usize) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (mut acked, failed) = (Vec::new(), std::sync::atomic::AtomicUsize::new(0));
+    for i in 0.. {
+        if stop.load(SeqCst) {
+            break;
+        }
+        let name = format!("w-{i}");
+        let mut gateway =
+            gantry_testkit::gateway::named(&name).image("gantry.test/gateway:1").build();
+        gateway.spec.as_mut().unwrap().replicas = Some(0);
+        gantry_testkit::eventually_some(
+            Duration::from_secs(180),
+            "the store to take a write",
+            || {
+                let (mut client, gateway, failed) = (client.clone(), gateway.clone(), &failed);
+                async move {
+                    let request = gantry_api::v1::CreateGatewayRequest {
+                        gateway: Some(gateway),
+                        validate_only: false,
+                    };
+                    match client.create_gateway(request).await {
+                        Ok(_) => Some(()),
+                        Err(status) if status.code() == tonic::Code::AlreadyExists => Some(()),
+                        Err(_) => {
+                            failed.fetch_add(1, SeqCst);
+                            None
+                        }
+                    }
+                }
+            },
+        )
+        .await;
+        acked.push(name);
+        written.fetch_add(1, SeqCst);
+    }
+    (acked, failed.into_inner())
 }
