@@ -499,6 +499,36 @@ async fn the_pair_from_the_dev_overlay_converges_a_gateway_whose_pods_answer() {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let written = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let writer = tokio::spawn(write_until(client.clone(), stop.clone(), written.clone()));
+    // The old store's container, watched to its end: it must stop on
+    // SIGTERM by itself (exit code 0), within its grace period (else the
+    // kubelet's SIGKILL: 137).
+    let old_store = node.kubectl(&[
+        "-n",
+        "gantry",
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=gateway-store",
+        "-o",
+        "jsonpath={.items[0].metadata.name}",
+    ]);
+    let mut watch = Command::new(gantry_testkit::k8s::kubectl().unwrap())
+        .arg("--kubeconfig")
+        .arg(&node.admin_kubeconfig)
+        .args([
+            "-n",
+            "gantry",
+            "get",
+            "pod",
+            &old_store,
+            "-w",
+            "-o",
+            "jsonpath={.status.containerStatuses[0].state.terminated.exitCode}{\"\\n\"}",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
     node.kubectl(&["-n", "gantry", "rollout", "restart", "deploy/gateway-store"]);
     node.kubectl(&["-n", "gantry", "rollout", "status", "deploy/gateway-store", "--timeout=240s"]);
     // A few writes to the new store too.
@@ -509,6 +539,10 @@ async fn the_pair_from_the_dev_overlay_converges_a_gateway_whose_pods_answer() {
     })
     .await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let _ = watch.kill();
+    let watched = String::from_utf8_lossy(&watch.wait_with_output().unwrap().stdout).into_owned();
+    let codes: Vec<&str> = watched.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(codes.last(), Some(&"0"), "the old store's exit codes as watched: {codes:?}");
     let (acked, retries) = writer.await.unwrap();
     assert!(acked.len() >= 5, "too few writes to tell: {acked:?}");
     let listed = gantry_testkit::eventually_some(Duration::from_secs(30), "a listing", || {
