@@ -26,18 +26,35 @@ fn image(dir: &Path, file: &str, name: &str, args: &[&str]) -> std::path::PathBu
     out
 }
 
-/// gantry's image as deploy/image/build.sh makes it, from the tests' binaries.
-fn gantry_image(dir: &Path) -> std::path::PathBuf {
+/// gantry's image as deploy/image/build.sh makes it, from the tests'
+/// binaries, named `name`.
+fn gantry_image(dir: &Path, name: &str) -> std::path::PathBuf {
     let out = dir.join("gantry.tar");
     let mut build = Command::new("bash");
     build
         .arg(workspace_root().join("deploy/image/build.sh"))
         .arg(&out)
-        .env("GANTRY_IMAGE_BINARIES", binary("gateway-store").parent().unwrap());
+        .env("GANTRY_IMAGE_BINARIES", binary("gateway-store").parent().unwrap())
+        .env("GANTRY_IMAGE_NAME", name);
     without_test_cargo_env(&mut build);
     let done = build.output().unwrap();
     assert!(done.status.success(), "build.sh: {}", String::from_utf8_lossy(&done.stderr));
     out
+}
+
+/// The names of every gateway the store lists (retried: the first call
+/// after a restart may meet the old connection).
+async fn stored_names(client: &gantry_client::GatewayClient) -> std::collections::BTreeSet<String> {
+    let listed = gantry_testkit::eventually_some(Duration::from_secs(30), "a listing", || {
+        let mut client = client.clone();
+        async move {
+            let request =
+                gantry_api::v1::ListGatewaysRequest { page_size: 1000, ..Default::default() };
+            client.list_gateways(request).await.ok().map(|page| page.into_inner().gateways)
+        }
+    })
+    .await;
+    listed.iter().map(|g| g.metadata.as_ref().map(|m| m.name.clone()).unwrap_or_default()).collect()
 }
 
 fn deployment(name: &str, image: &str) -> String {
@@ -122,7 +139,7 @@ async fn images_built_here_run_on_a_real_node() {
             "gantry.test/never-ready:1",
             &["test-gateway", "--never-ready"],
         ),
-        gantry_image(&dir),
+        gantry_image(&dir, "ghcr.io/gantry-dev/gantry"),
     ] {
         node.import(&archive);
     }
@@ -228,18 +245,7 @@ async fn images_built_here_run_on_a_real_node() {
         |s| s == "1",
     );
     ready(&node, "app=store");
-    // The first call after the restart may meet the old connection.
-    let listed = gantry_testkit::eventually_some(Duration::from_secs(30), "a listing", || {
-        let mut client = client.clone();
-        async move {
-            let request =
-                gantry_api::v1::ListGatewaysRequest { page_size: 1000, ..Default::default() };
-            client.list_gateways(request).await.ok().map(|page| page.into_inner().gateways)
-        }
-    })
-    .await;
-    let names: Vec<String> =
-        listed.iter().map(|g| g.metadata.as_ref().unwrap().name.clone()).collect();
+    let names = stored_names(&client).await;
     assert_eq!(names.len(), WRITES, "acknowledged writes after the restart: {names:?}");
     let user = node.kubectl(&[
         "-n",
@@ -285,17 +291,7 @@ async fn the_pair_from_the_dev_overlay_converges_a_gateway_whose_pods_answer() {
     let Some(node) = tokio::task::block_in_place(RealNode::start) else { return };
     let dir = temp_dir("real-node-pair");
     // gantry's image under a name only kustomize's substitution reaches.
-    let archive = dir.join("gantry.tar");
-    let mut build = Command::new("bash");
-    build
-        .arg(workspace_root().join("deploy/image/build.sh"))
-        .arg(&archive)
-        .env("GANTRY_IMAGE_BINARIES", binary("gateway-store").parent().unwrap())
-        .env("GANTRY_IMAGE_NAME", "gantry.test/gantry");
-    without_test_cargo_env(&mut build);
-    let built = build.output().unwrap();
-    assert!(built.status.success(), "build.sh: {}", String::from_utf8_lossy(&built.stderr));
-    node.import(&archive);
+    node.import(&gantry_image(&dir, "gantry.test/gantry"));
     node.import(&image(&dir, "gateway.tar", "gantry.test/gateway:1", &["test-gateway"]));
 
     // The store's claim is met by a volume on this node.
@@ -545,17 +541,7 @@ async fn the_pair_from_the_dev_overlay_converges_a_gateway_whose_pods_answer() {
     assert_eq!(codes.last(), Some(&"0"), "the old store's exit codes as watched: {codes:?}");
     let (acked, retries) = writer.await.unwrap();
     assert!(acked.len() >= 5, "too few writes to tell: {acked:?}");
-    let listed = gantry_testkit::eventually_some(Duration::from_secs(30), "a listing", || {
-        let mut client = client.clone();
-        async move {
-            let request =
-                gantry_api::v1::ListGatewaysRequest { page_size: 1000, ..Default::default() };
-            client.list_gateways(request).await.ok().map(|page| page.into_inner().gateways)
-        }
-    })
-    .await;
-    let stored: std::collections::BTreeSet<String> =
-        listed.iter().map(|g| g.metadata.as_ref().unwrap().name.clone()).collect();
+    let stored = stored_names(&client).await;
     let lost: Vec<&String> = acked.iter().filter(|name| !stored.contains(*name)).collect();
     assert!(lost.is_empty(), "acknowledged and lost across the restart: {lost:?}");
     // Each write's retries end within its bound (write_until); say how many.

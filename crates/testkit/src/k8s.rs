@@ -131,6 +131,25 @@ fn certificates() -> Certs {
     }
 }
 
+/// A test etcd on free loopback ports with its data in `data_dir`: its
+/// client URL and its arguments.
+pub(crate) fn etcd(data_dir: &Path) -> (String, Vec<String>) {
+    let (client, peer) = (free_port(), free_port());
+    let url = format!("http://127.0.0.1:{client}");
+    let args = vec![
+        "--name=default".into(),
+        format!("--data-dir={}", data_dir.display()),
+        format!("--listen-client-urls={url}"),
+        format!("--advertise-client-urls={url}"),
+        format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+        format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+        format!("--initial-cluster=default=http://127.0.0.1:{peer}"),
+        "--unsafe-no-fsync".into(),
+        "--log-level=warn".into(),
+    ];
+    (url, args)
+}
+
 pub(crate) fn write(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
 }
@@ -205,22 +224,8 @@ impl ControlPlane {
 
     /// etcd and kube-apiserver (TLS on `port`, tokens, RBAC, audit log).
     fn spawn_etcd_and_apiserver(&mut self, port: u16) {
-        let (etcd_client, etcd_peer) = (free_port(), free_port());
-        let etcd_url = format!("http://127.0.0.1:{etcd_client}");
-        self.spawn(
-            "etcd",
-            &[
-                "--name=default".into(),
-                format!("--data-dir={}", self.dir.join("etcd").display()),
-                format!("--listen-client-urls={etcd_url}"),
-                format!("--advertise-client-urls={etcd_url}"),
-                format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"),
-                format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"),
-                format!("--initial-cluster=default=http://127.0.0.1:{etcd_peer}"),
-                "--unsafe-no-fsync".into(),
-                "--log-level=warn".into(),
-            ],
-        );
+        let (etcd_url, etcd_args) = etcd(&self.dir.join("etcd"));
+        self.spawn("etcd", &etcd_args);
         self.spawn(
             "kube-apiserver",
             &[

@@ -197,23 +197,9 @@ impl RealNode {
         let port = free_port();
         let url = format!("https://{NODE_IP}:{port}");
         write(&self.admin_kubeconfig, &kubeconfig(&url, &path("ca.crt"), "admin", &token));
-        let (etcd_client, etcd_peer) = (free_port(), free_port());
-        let etcd = format!("http://127.0.0.1:{etcd_client}");
+        let (etcd, etcd_args) = crate::k8s::etcd(&path("etcd"));
         let d = |name: &str| path(name).display().to_string();
-        self.spawn(
-            &self.bin.join("etcd"),
-            "etcd",
-            &[
-                format!("--data-dir={}", d("etcd")),
-                format!("--listen-client-urls={etcd}"),
-                format!("--advertise-client-urls={etcd}"),
-                format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer}"),
-                format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}"),
-                format!("--initial-cluster=default=http://127.0.0.1:{etcd_peer}"),
-                "--unsafe-no-fsync".into(),
-                "--log-level=warn".into(),
-            ],
-        );
+        self.spawn(&self.bin.join("etcd"), "etcd", &etcd_args);
         self.spawn(
             &self.bin.join("kube-apiserver"),
             "kube-apiserver",
