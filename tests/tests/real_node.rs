@@ -293,6 +293,8 @@ async fn the_pair_from_the_dev_overlay_converges_a_gateway_whose_pods_answer() {
     // gantry's image under a name only kustomize's substitution reaches.
     node.import(&gantry_image(&dir, "gantry.test/gantry"));
     node.import(&image(&dir, "gateway.tar", "gantry.test/gateway:1", &["test-gateway"]));
+    let never_ready = ["test-gateway", "--never-ready"];
+    node.import(&image(&dir, "never-ready.tar", "gantry.test/never-ready:1", &never_ready));
 
     // The store's claim is met by a volume on this node.
     let volume = dir.join("store-volume");
@@ -313,7 +315,9 @@ async fn the_pair_from_the_dev_overlay_converges_a_gateway_whose_pods_answer() {
     let up = "../".repeat(overlay.canonicalize().unwrap().components().count() - 1);
     let relative = format!("{up}{}", target.display().to_string().trim_start_matches('/'));
     let kustomization = format!(
-        "resources:\n  - {relative}\nimages:\n  - name: ghcr.io/gantry-dev/gantry\n    newName: gantry.test/gantry\n"
+        "resources:\n  - {relative}\nimages:\n  - name: ghcr.io/gantry-dev/gantry\n    newName: gantry.test/gantry\n\
+         patches:\n  - target: {{kind: Deployment, name: gateway-reconciler}}\n    patch: |-\n\
+         \x20     - op: add\n        path: /spec/template/spec/containers/0/args/-\n        value: --progress-deadline=15s\n"
     );
     std::fs::write(overlay.join("kustomization.yaml"), kustomization).unwrap();
     node.kubectl(&["apply", "-k", overlay.to_str().unwrap()]);
@@ -469,6 +473,39 @@ async fn the_pair_from_the_dev_overlay_converges_a_gateway_whose_pods_answer() {
             "jsonpath={.items[*].status.conditions[?(@.type==\"Ready\")].status}",
         ],
         |s| s == "True True",
+    );
+
+    // A gateway whose pods never become Ready ends DEGRADED with the
+    // Deployment's ProgressDeadlineExceeded, as on kwok (the reconciler
+    // runs with --progress-deadline=15s here).
+    let stuck = ctl(&[
+        "create",
+        "gateway",
+        "stuck",
+        "--image",
+        "gantry.test/never-ready:1",
+        "--supervisor-image",
+        "gantry.test/gateway:1",
+        "--replicas",
+        "1",
+    ]);
+    assert!(stuck.status.success(), "{}", String::from_utf8_lossy(&stuck.stderr));
+    let degraded =
+        ctl(&["wait", "stuck", "--for=jsonpath={.status.phase}=DEGRADED", "--timeout=240s"]);
+    assert!(
+        degraded.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&degraded.stderr),
+        node.diagnostics()
+    );
+    let shown = ctl(&["get", "stuck", "-o", "json"]);
+    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    let conditions = shown["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    let stalled = conditions.iter().find(|c| c["type"] == "Stalled");
+    assert_eq!(
+        stalled.map(|c| c["reason"].clone()),
+        Some("ProgressDeadlineExceeded".into()),
+        "{shown}"
     );
     let _ = forward.kill();
     let _ = forward.wait();
