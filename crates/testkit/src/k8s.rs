@@ -150,6 +150,23 @@ pub(crate) fn etcd(data_dir: &Path) -> (String, Vec<String>) {
     (url, args)
 }
 
+/// The flags kube-controller-manager and kube-scheduler share in a test
+/// plane: the admin's kubeconfig for everything, no leader election, a
+/// free loopback port, certificates in `cert_dir`, no profiling.
+pub(crate) fn controller_args(kubeconfig: &Path, cert_dir: &Path) -> Vec<String> {
+    let admin = kubeconfig.display();
+    vec![
+        format!("--kubeconfig={admin}"),
+        format!("--authentication-kubeconfig={admin}"),
+        format!("--authorization-kubeconfig={admin}"),
+        "--leader-elect=false".into(),
+        "--bind-address=127.0.0.1".into(),
+        format!("--secure-port={}", free_port()),
+        format!("--cert-dir={}", cert_dir.display()),
+        "--profiling=false".into(),
+    ]
+}
+
 pub(crate) fn write(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
 }
@@ -283,16 +300,7 @@ impl ControlPlane {
     );
         self.spawn(
             "kube-scheduler",
-            &[
-                format!("--kubeconfig={admin}"),
-                format!("--authentication-kubeconfig={admin}"),
-                format!("--authorization-kubeconfig={admin}"),
-                "--leader-elect=false".into(),
-                "--bind-address=127.0.0.1".into(),
-                format!("--secure-port={}", free_port()),
-                format!("--cert-dir={}", self.dir.join("scheduler-certs").display()),
-                "--profiling=false".into(),
-            ],
+            &controller_args(&self.admin_kubeconfig, &self.dir.join("scheduler-certs")),
         );
         self.spawn(
             "kwok",

@@ -230,37 +230,23 @@ impl RealNode {
             &["get", "--raw", "/readyz"],
             |out| out == "ok",
         );
-        let admin = self.admin_kubeconfig.display().to_string();
         self.spawn(
             &self.bin.join("kube-controller-manager"),
             "kube-controller-manager",
             &[
-                format!("--kubeconfig={admin}"),
-                format!("--authentication-kubeconfig={admin}"),
-                format!("--authorization-kubeconfig={admin}"),
-                "--leader-elect=false".into(),
-                "--bind-address=127.0.0.1".into(),
-                format!("--secure-port={}", free_port()),
-                format!("--cert-dir={}", d("kcm-certs")),
-                format!("--root-ca-file={}", d("ca.crt")),
-                format!("--service-account-private-key-file={}", d("sa.key")),
-                "--use-service-account-credentials=false".into(),
-                "--profiling=false".into(),
-            ],
+                crate::k8s::controller_args(&self.admin_kubeconfig, &path("kcm-certs")),
+                vec![
+                    format!("--root-ca-file={}", d("ca.crt")),
+                    format!("--service-account-private-key-file={}", d("sa.key")),
+                    "--use-service-account-credentials=false".into(),
+                ],
+            ]
+            .concat(),
         );
         self.spawn(
             &self.bin.join("kube-scheduler"),
             "kube-scheduler",
-            &[
-                format!("--kubeconfig={admin}"),
-                format!("--authentication-kubeconfig={admin}"),
-                format!("--authorization-kubeconfig={admin}"),
-                "--leader-elect=false".into(),
-                "--bind-address=127.0.0.1".into(),
-                format!("--secure-port={}", free_port()),
-                format!("--cert-dir={}", d("scheduler-certs")),
-                "--profiling=false".into(),
-            ],
+            &crate::k8s::controller_args(&self.admin_kubeconfig, &path("scheduler-certs")),
         );
     }
 
