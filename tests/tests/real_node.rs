@@ -260,32 +260,6 @@ async fn images_built_here_run_on_a_real_node() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// `kubectl port-forward` of `target` in `namespace` to a free local port,
-/// as the README has users reach the store; the port, once forwarding.
-fn port_forward(
-    node: &RealNode,
-    namespace: &str,
-    target: &str,
-    remote: u16,
-) -> (std::process::Child, u16) {
-    use std::io::BufRead as _;
-    let local = gantry_testkit::free_port();
-    let mut child = Command::new(gantry_testkit::k8s::kubectl().unwrap())
-        .arg("--kubeconfig")
-        .arg(&node.admin_kubeconfig)
-        .args(["-n", namespace, "port-forward", target, &format!("{local}:{remote}")])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let first = lines.next().unwrap().unwrap();
-    assert!(first.contains("Forwarding from"), "{first}");
-    // Keep reading so that the pipe never fills.
-    std::thread::spawn(move || for _ in lines {});
-    (child, local)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pair_from_the_dev_overlay_converges_a_gateway_whose_pods_answer() {
     let Some(node) = tokio::task::block_in_place(RealNode::start) else { return };
@@ -308,35 +282,12 @@ async fn the_pair_from_the_dev_overlay_converges_a_gateway_whose_pods_answer() {
     node.kubectl_stdin(&["apply", "-f", "-"], &pv);
     // deploy/overlays/dev as the README applies it, the image substituted
     // by kustomize.
-    let overlay = dir.join("overlay");
-    std::fs::create_dir_all(&overlay).unwrap();
-    // kustomize takes only relative paths: up to / and down to the overlay.
-    let target = workspace_root().join("deploy/overlays/dev").canonicalize().unwrap();
-    let up = "../".repeat(overlay.canonicalize().unwrap().components().count() - 1);
-    let relative = format!("{up}{}", target.display().to_string().trim_start_matches('/'));
-    let kustomization = format!(
-        "resources:\n  - {relative}\nimages:\n  - name: ghcr.io/gantry-dev/gantry\n    newName: gantry.test/gantry\n\
-         patches:\n  - target: {{kind: Deployment, name: gateway-reconciler}}\n    patch: |-\n\
-         \x20     - op: add\n        path: /spec/template/spec/containers/0/args/-\n        value: --progress-deadline=15s\n"
-    );
-    std::fs::write(overlay.join("kustomization.yaml"), kustomization).unwrap();
-    node.kubectl(&["apply", "-k", overlay.to_str().unwrap()]);
+    let patch = "  - target: {kind: Deployment, name: gateway-reconciler}\n    patch: |-\n\
+                 \x20     - op: add\n        path: /spec/template/spec/containers/0/args/-\n        value: --progress-deadline=15s\n";
+    node.apply_overlay(&dir, "dev", "gantry.test/gantry", patch);
     for app in ["gateway-store", "gateway-reconciler"] {
-        node.wait_for(
-            &format!("{app} Ready"),
-            Duration::from_secs(180),
-            &[
-                "-n",
-                "gantry",
-                "get",
-                "pods",
-                "-l",
-                &format!("app.kubernetes.io/name={app}"),
-                "-o",
-                "jsonpath={.items[*].status.conditions[?(@.type==\"Ready\")].status}",
-            ],
-            |s| s == "True",
-        );
+        let selector = format!("app.kubernetes.io/name={app}");
+        node.wait_pods_ready("gantry", &selector, 1, Duration::from_secs(180));
     }
     let holder = node.wait_for(
         "the reconciler to hold the Lease",
@@ -347,7 +298,7 @@ async fn the_pair_from_the_dev_overlay_converges_a_gateway_whose_pods_answer() {
     assert!(!holder.is_empty());
 
     // The README's way in: port-forward, then gatewayctl.
-    let (mut forward, port) = port_forward(&node, "gantry", "svc/gateway-store", 50051);
+    let (mut forward, port) = node.port_forward("gantry", "svc/gateway-store", 50051);
     let tokens =
         std::fs::read_to_string(workspace_root().join("deploy/overlays/dev/dev-tokens.csv"))
             .unwrap();
@@ -562,6 +513,8 @@ async fn the_pair_from_the_dev_overlay_converges_a_gateway_whose_pods_answer() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    // Its log, followed to the end: the last lines say it stopped.
+    let log = follow(&node, &["-n", "gantry", "logs", "-f", &old_store]);
     node.kubectl(&["-n", "gantry", "rollout", "restart", "deploy/gateway-store"]);
     node.kubectl(&["-n", "gantry", "rollout", "status", "deploy/gateway-store", "--timeout=240s"]);
     // A few writes to the new store too.
@@ -576,6 +529,10 @@ async fn the_pair_from_the_dev_overlay_converges_a_gateway_whose_pods_answer() {
     let watched = String::from_utf8_lossy(&watch.wait_with_output().unwrap().stdout).into_owned();
     let codes: Vec<&str> = watched.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(codes.last(), Some(&"0"), "the old store's exit codes as watched: {codes:?}");
+    let log = log.recv_timeout(Duration::from_secs(60)).expect("the old store's log to end");
+    for line in ["shutting down: draining in-flight requests", "gateway-store stopped"] {
+        assert!(log.contains(line), "the old store's log has no {line:?}:\n{log}");
+    }
     let (acked, retries) = writer.await.unwrap();
     assert!(acked.len() >= 5, "too few writes to tell: {acked:?}");
     let stored = stored_names(&client).await;
@@ -584,6 +541,204 @@ async fn the_pair_from_the_dev_overlay_converges_a_gateway_whose_pods_answer() {
     // Each write's retries end within its bound (write_until); say how many.
     eprintln!("{} writes across the restart, {retries} failed attempts retried", acked.len());
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// deploy/overlays/postgres as the README deploys it, with the Secrets
+/// made the README's way: two stores on the harness's PostgreSQL behind
+/// TLS whose certificate names the Service, the reconciler reaching them
+/// by that name; a `kill -9` of one store under a writing client loses no
+/// acknowledged write, and the reconciler converges a change after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_postgres_overlay_runs_two_stores_behind_tls_and_a_killed_one_loses_no_write() {
+    let Some(db) = gantry_testkit::TestDatabase::postgres().await else { return };
+    let Some(node) = tokio::task::block_in_place(RealNode::start) else { return };
+    let dir = temp_dir("real-node-postgres");
+    node.import(&gantry_image(&dir, "gantry.test/gantry"));
+    node.import(&image(&dir, "gateway.tar", "gantry.test/gateway:1", &["test-gateway"]));
+
+    // The Secrets, as the README has operators make them.
+    let admin = format!("{:032x}", fastrand::u128(..));
+    let reconciler = format!("{:032x}", fastrand::u128(..));
+    let file = |name: &str, content: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, content).unwrap();
+        path.display().to_string()
+    };
+    let tokens = file(
+        "tokens.csv",
+        &format!("{admin},admin,admin\n{reconciler},gateway-reconciler,reconciler\n"),
+    );
+    let service_names = ["gateway-store", "gateway-store.gantry.svc", "localhost"];
+    let (ca, cert, key) =
+        gantry_testkit::server_certificate("gateway-store.gantry.svc", &service_names, &[]);
+    let (ca, cert, key) =
+        (file("ca.crt", &ca), file("server.crt", &cert), file("server.key", &key));
+    // The database, reached from the pods through the node's address.
+    let (scheme_user, rest) = db.url.split_once('@').unwrap();
+    let (host_port, database) = rest.split_once('/').unwrap();
+    let to = std::net::ToSocketAddrs::to_socket_addrs(host_port).unwrap().next().unwrap();
+    let url = format!("{scheme_user}@{}/{database}", node.expose(to));
+    node.kubectl(&["create", "namespace", "gantry"]);
+    let secret = |args: &[&str]| {
+        node.kubectl(&[&["-n", "gantry", "create", "secret", "generic"], args].concat());
+    };
+    secret(&["gantry-store-tokens", &format!("--from-file=tokens.csv={tokens}")]);
+    secret(&["gantry-reconciler-token", &format!("--from-literal=token={reconciler}")]);
+    secret(&[
+        "gantry-store-tls",
+        &format!("--from-file=tls.crt={cert}"),
+        &format!("--from-file=tls.key={key}"),
+        &format!("--from-file=ca.crt={ca}"),
+    ]);
+    secret(&["gantry-store-database", &format!("--from-literal=url={url}")]);
+
+    node.apply_overlay(&dir, "postgres", "gantry.test/gantry", "");
+    let stores = "app.kubernetes.io/name=gateway-store";
+    node.wait_pods_ready("gantry", stores, 2, Duration::from_secs(180));
+    let reconcilers = "app.kubernetes.io/name=gateway-reconciler";
+    node.wait_pods_ready("gantry", reconcilers, 1, Duration::from_secs(180));
+    node.wait_for(
+        "the reconciler to hold the Lease",
+        Duration::from_secs(60),
+        &["-n", "gantry", "get", "lease", "-o", "jsonpath={.items[*].spec.holderIdentity}"],
+        |s| s.contains("gateway-reconciler"),
+    );
+
+    // gatewayctl through port-forward, over TLS checked against the CA.
+    let (mut forward, port) = node.port_forward("gantry", "svc/gateway-store", 50051);
+    let server = format!("https://localhost:{port}");
+    let ctl = |args: &[&str]| {
+        let common = ["--server", &server, "--ca", &ca, "--token", &admin];
+        gantry_testkit::ctl::ctl_command(&[&common[..], args].concat()).output().unwrap()
+    };
+    let created = ctl(&[
+        "create",
+        "gateway",
+        "demo",
+        "--image",
+        "gantry.test/gateway:1",
+        "--supervisor-image",
+        "gantry.test/gateway:1",
+        "--replicas",
+        "1",
+    ]);
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+    let waited = ctl(&["wait", "demo", "--for=jsonpath={.status.phase}=RUNNING", "--timeout=240s"]);
+    assert!(
+        waited.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&waited.stderr),
+        node.diagnostics()
+    );
+    let _ = forward.kill();
+    let _ = forward.wait();
+
+    // A client writing through the Service's ClusterIP (TLS checked
+    // against the Service's name) while one store is killed.
+    let store_ip = node.kubectl(&[
+        "-n",
+        "gantry",
+        "get",
+        "svc",
+        "gateway-store",
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ]);
+    let client = gantry_client::ClientConfig {
+        endpoint: format!("https://{store_ip}:50051"),
+        token: Some(admin.clone()),
+        ca_pem: Some(std::fs::read(&ca).unwrap()),
+        tls_domain: Some("gateway-store.gantry.svc".into()),
+        ..Default::default()
+    }
+    .connect_lazy()
+    .unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let writer = tokio::spawn(write_until(client.clone(), stop.clone(), written.clone()));
+    let writes = |at_least: usize| {
+        let written = written.clone();
+        gantry_testkit::eventually(Duration::from_secs(120), "writes", move || {
+            let written = written.clone();
+            async move { written.load(std::sync::atomic::Ordering::SeqCst) >= at_least }
+        })
+    };
+    writes(5).await;
+    let pids = Command::new("pgrep").args(["-f", "gateway-store --listen=0.0.0.0:50051"]).output();
+    let pids = String::from_utf8_lossy(&pids.unwrap().stdout).into_owned();
+    let pids: Vec<&str> = pids.split_whitespace().collect();
+    assert_eq!(pids.len(), 2, "the two stores' processes: {pids:?}");
+    assert!(Command::new("kill").args(["-9", pids[0]]).status().unwrap().success());
+    node.wait_for(
+        "the kubelet to restart the killed store",
+        Duration::from_secs(120),
+        &[
+            "-n",
+            "gantry",
+            "get",
+            "pods",
+            "-l",
+            stores,
+            "-o",
+            "jsonpath={.items[*].status.containerStatuses[0].restartCount}",
+        ],
+        |s| {
+            let mut counts: Vec<&str> = s.split_whitespace().collect();
+            counts.sort_unstable();
+            counts == ["0", "1"]
+        },
+    );
+    node.wait_pods_ready("gantry", stores, 2, Duration::from_secs(120));
+    let after = written.load(std::sync::atomic::Ordering::SeqCst);
+    writes(after + 3).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (acked, retries) = writer.await.unwrap();
+    let stored = stored_names(&client).await;
+    let lost: Vec<&String> = acked.iter().filter(|name| !stored.contains(*name)).collect();
+    assert!(lost.is_empty(), "acknowledged and lost to the kill: {lost:?}");
+    eprintln!("{} writes across the kill, {retries} failed attempts retried", acked.len());
+
+    // The reconciler still follows the store: a change after the kill
+    // converges.
+    let (mut forward, port) = node.port_forward("gantry", "svc/gateway-store", 50051);
+    let server = format!("https://localhost:{port}");
+    let ctl = |args: &[&str]| {
+        let common = ["--server", &server, "--ca", &ca, "--token", &admin];
+        gantry_testkit::ctl::ctl_command(&[&common[..], args].concat()).output().unwrap()
+    };
+    let scaled = ctl(&["scale", "demo", "--replicas=2"]);
+    assert!(scaled.status.success(), "{}", String::from_utf8_lossy(&scaled.stderr));
+    let converged = ctl(&["wait", "demo", "--for=converged", "--timeout=240s"]);
+    assert!(
+        converged.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&converged.stderr),
+        node.diagnostics()
+    );
+    node.wait_pods_ready("gantry-gateways", "gantry.dev/gateway=demo", 2, Duration::from_secs(120));
+    let _ = forward.kill();
+    let _ = forward.wait();
+    drop(node);
+    db.drop_database().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The output of kubectl `args` (as the admin) once it ends by itself.
+fn follow(node: &RealNode, args: &[&str]) -> std::sync::mpsc::Receiver<String> {
+    let child = Command::new(gantry_testkit::k8s::kubectl().unwrap())
+        .arg("--kubeconfig")
+        .arg(&node.admin_kubeconfig)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let (send, receive) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let out = child.wait_with_output().map(|o| o.stdout).unwrap_or_default();
+        let _ = send.send(String::from_utf8_lossy(&out).into_owned());
+    });
+    receive
 }
 
 /// Creates gateways one after another until `stop`, counting them in

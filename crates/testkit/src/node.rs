@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+mod deploy;
 mod host;
 
 use host::{cgroup_processes, kubepods, run, run_ok, unmount_under, HostState};
@@ -27,7 +28,8 @@ use crate::{binary, free_port, in_ci, skipped, temp_dir};
 
 /// The bridge the pods are on; its address is the node's.
 pub(crate) const BRIDGE: &str = "gantry0";
-const NODE_IP: &str = "10.244.0.1";
+/// The node's address (its bridge's), where the API server listens.
+pub const NODE_IP: &str = "10.244.0.1";
 const POD_CIDR: &str = "10.244.0.0/24";
 const SERVICE_CIDR: &str = "10.96.0.0/16";
 /// The cluster DNS Service's address (CoreDNS).
