@@ -254,3 +254,31 @@ fn the_test_gateway_serves_its_page_probes_and_stops_on_sigterm() {
         let _ = std::fs::remove_dir_all(dir);
     }
 }
+
+/// deploy/Dockerfile, the way for users with a registry, builds on bases
+/// pinned by digest: every `FROM` names an earlier stage or an image with
+/// `@sha256:` and 64 hex digits.
+#[test]
+fn the_dockerfile_pins_its_base_images_by_digest() {
+    let dockerfile = std::fs::read_to_string(workspace_root().join("deploy/Dockerfile")).unwrap();
+    let mut stages = Vec::new();
+    let mut bases = 0;
+    for line in dockerfile.lines().filter(|l| l.trim_start().starts_with("FROM ")) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let image = words[1];
+        if !stages.contains(&image) {
+            let digest = image.split_once("@sha256:").map(|(_, d)| d).unwrap_or_default();
+            assert!(
+                digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()),
+                "not pinned by digest: {line}"
+            );
+            bases += 1;
+        }
+        if let [.., as_word, stage] = words[..] {
+            if as_word.eq_ignore_ascii_case("AS") {
+                stages.push(stage);
+            }
+        }
+    }
+    assert_eq!(bases, 2, "the builder and the runtime base:\n{dockerfile}");
+}
