@@ -33,6 +33,16 @@ impl Role {
         }
     }
 
+    /// The role with what both `self` and `other` may do, and no more (the
+    /// table above: editor and reconciler together are admin).
+    pub fn join(self, other: Role) -> Role {
+        match (self, other) {
+            (a, b) if a == b => a,
+            (Role::Viewer, r) | (r, Role::Viewer) => r,
+            _ => Role::Admin,
+        }
+    }
+
     /// Whether this role may create and delete gateways.
     pub fn may_create_and_delete(self) -> bool {
         matches!(self, Role::Editor | Role::Admin)
@@ -216,6 +226,19 @@ pub fn parse_update_mask(paths: &[String], role: Role) -> Result<Vec<FieldPath>,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn join_may_do_exactly_what_either_role_may() {
+        let may = |r: Role| {
+            [r.may_create_and_delete(), r.owns(FieldPath::Spec), r.owns(FieldPath::Status)]
+        };
+        for a in Role::ALL {
+            for b in Role::ALL {
+                let either: Vec<bool> = may(a).iter().zip(may(b)).map(|(x, y)| *x || y).collect();
+                assert_eq!(may(a.join(b)).to_vec(), either, "{a} join {b} = {}", a.join(b));
+            }
+        }
+    }
 
     fn paths(p: &[&str]) -> Vec<String> {
         p.iter().map(|s| s.to_string()).collect()

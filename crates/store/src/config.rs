@@ -101,9 +101,39 @@ pub struct AuthArgs {
     pub tokens_file: Option<PathBuf>,
 
     /// Serve without authentication (every caller is admin). Only for local
-    /// development; refused together with --tokens-file.
-    #[arg(long, env = "GANTRY_ALLOW_UNAUTHENTICATED", conflicts_with = "tokens_file")]
+    /// development; refused together with any authenticator.
+    #[arg(
+        long,
+        env = "GANTRY_ALLOW_UNAUTHENTICATED",
+        conflicts_with_all = ["tokens_file", "service_account_tokens"]
+    )]
     pub allow_unauthenticated: bool,
+
+    /// Accept Kubernetes service-account tokens bound to
+    /// --service-account-audience, verified against the keys the API
+    /// server publishes (reached by the in-cluster configuration, or
+    /// KUBECONFIG). Their role comes from --role-bindings-file.
+    #[arg(long, env = "GANTRY_SERVICE_ACCOUNT_TOKENS")]
+    pub service_account_tokens: bool,
+
+    /// The audience service-account tokens must be bound to (`kubectl
+    /// create token SA --audience gantry`, a projected token's audience).
+    #[arg(long, env = "GANTRY_SERVICE_ACCOUNT_AUDIENCE", default_value = "gantry")]
+    pub service_account_audience: String,
+
+    /// Also check service-account tokens with the API server
+    /// (TokenReview, answers kept 10 s), so that the token of a deleted pod
+    /// or account stops working before it expires. Needs the
+    /// system:auth-delegator ClusterRole.
+    #[arg(long, env = "GANTRY_SERVICE_ACCOUNT_TOKEN_REVIEW", requires = "service_account_tokens")]
+    pub service_account_token_review: bool,
+
+    /// Role bindings (YAML): the role of each user, group and service
+    /// account (`kind: User|Group|ServiceAccount`); reloaded when it
+    /// changes or on SIGHUP. An authenticated identity no binding names is
+    /// refused.
+    #[arg(long, env = "GANTRY_ROLE_BINDINGS_FILE")]
+    pub role_bindings_file: Option<PathBuf>,
 }
 
 /// Resource limits: how much of the store one client can take.

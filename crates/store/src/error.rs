@@ -1,6 +1,6 @@
 //! Why the store could not start, or stopped with an error.
 
-use crate::grpc::auth;
+use crate::auth;
 use crate::storage::StorageError;
 
 /// Why the store could not start or stopped with an error.
@@ -10,10 +10,14 @@ pub enum ServeError {
     ReadFile { what: &'static str, path: String, source: std::io::Error },
     #[error(transparent)]
     Tokens(#[from] auth::TokensFileError),
+    #[error(transparent)]
+    Bindings(#[from] auth::BindingsFileError),
     #[error(
-        "no --tokens-file given: refusing to serve without authentication; pass --tokens-file, or --allow-unauthenticated for local development"
+        "no authenticator configured: refusing to serve without authentication; pass --tokens-file or --service-account-tokens, or --allow-unauthenticated for local development"
     )]
     NoAuthentication,
+    #[error("--service-account-tokens: cannot reach the Kubernetes API server (in-cluster configuration or KUBECONFIG): {0}")]
+    Kube(String),
     #[error("cannot open the database: {0}")]
     Storage(#[from] StorageError),
     #[error("cannot create the data directory {path}: {source}")]

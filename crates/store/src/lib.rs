@@ -4,9 +4,11 @@
 //!
 //! ```text
 //! server, settings   wiring: parts started in order, stopped in reverse
-//! grpc/              the edge: auth, one module per RPC, observe (span,
+//! grpc/              the edge: one module per RPC, observe (span,
 //!                    timeout, metrics, refusal log), connections, page
 //!                    tokens, errors → tonic::Status
+//! auth/              who is calling: tokens file, service-account JWTs
+//!                    (TokenReview), role bindings
 //! writer             group commit: many writes, one transaction
 //! watch/             hub (byte-bounded cache), stream (one per subscriber,
 //!                    ends with a WatchEnd), tailer, compactor
@@ -23,6 +25,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod config;
 mod error;
 pub mod grpc;

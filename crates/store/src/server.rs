@@ -13,10 +13,11 @@ use tokio::net::TcpListener;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tower::Layer;
 
+use crate::auth;
 use crate::error::ServeError;
 use crate::grpc::conn::{self, ActiveCallsLayer, Connections};
 use crate::grpc::observe::{Observe, ObserveLayer};
-use crate::grpc::{auth, errors, GatewayApi};
+use crate::grpc::{errors, GatewayApi};
 use crate::http::StoreAdmin;
 use crate::metrics::Metrics;
 use crate::settings::Settings;
@@ -96,6 +97,7 @@ pub async fn serve(
     let metrics = Arc::new(Metrics::default());
     let core = Core::start(&settings, &metrics, &shutdown).await?;
     tokio::spawn(auth::reload_on_change(settings.auth.clone(), shutdown.clone()));
+    tokio::spawn(fetch_issuer_keys(settings.auth.clone()));
     let api =
         GatewayApi::new(core.writer, settings.storage.clone(), core.watch, settings.auth.clone());
     let observe =
@@ -203,4 +205,14 @@ fn grpc_server(
     // segment, and Nagle's algorithm would hold the last one until the
     // client's delayed ACK (about 40 ms).
     Ok(router.serve_with_incoming_shutdown(conn::incoming(listener, connections), stop))
+}
+
+/// Fetches every issuer's keys once at start, so that a misconfiguration
+/// is in the log before the first caller meets it.
+async fn fetch_issuer_keys(auth: Arc<auth::Auth>) {
+    for issuer in auth.issuers() {
+        if let Err(error) = issuer.refresh().await {
+            tracing::warn!(authenticator = issuer.authenticator, %error, "cannot fetch the issuer's keys yet; retried on the first token");
+        }
+    }
 }

@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{self, Config};
+use crate::auth::service_account::{self, TokenReviewer};
+use crate::auth::{Auth, Authenticator, Bindings};
+use crate::config::{self, AuthArgs, Config};
 use crate::error::ServeError;
-use crate::grpc::auth::{Auth, Authenticator};
 use crate::grpc::conn::ConnectionLimits;
 use crate::storage::{
     postgres::PostgresStorage, sqlite::SqliteStorage, Retention, Storage, StorageError,
@@ -106,19 +107,7 @@ pub async fn open_storage(url: &str) -> Result<Arc<dyn Storage>, StorageError> {
 /// Builds [`Settings`] from flags: reads the tokens and TLS files and opens
 /// the database (creating the data directory for SQLite).
 pub async fn settings_from_config(config: &Config) -> Result<Settings, ServeError> {
-    let auth = match (&config.auth.tokens_file, config.auth.allow_unauthenticated) {
-        (Some(path), _) => {
-            let text = read("tokens file", path)?;
-            Authenticator::parse_tokens_file(&String::from_utf8_lossy(&text))?
-        }
-        (None, true) => {
-            tracing::warn!(
-                "serving WITHOUT authentication (--allow-unauthenticated): every caller is admin"
-            );
-            Authenticator::Unauthenticated
-        }
-        (None, false) => return Err(ServeError::NoAuthentication),
-    };
+    let auth = auth_from_config(&config.auth).await?;
     let tls = match (&config.tls.tls_cert, &config.tls.tls_key) {
         (Some(cert), Some(key)) => Some((read("TLS certificate", cert)?, read("TLS key", key)?)),
         _ => None,
@@ -156,6 +145,47 @@ pub async fn settings_from_config(config: &Config) -> Result<Settings, ServeErro
         },
         keepalive: (config.limits.keepalive_interval, config.limits.keepalive_timeout),
     };
-    let auth = Auth::with_path(auth, config.auth.tokens_file.clone());
     Ok(Settings { storage, auth: Arc::new(auth), tls, watch, limits })
+}
+
+/// The authenticators and role bindings the flags name.
+async fn auth_from_config(config: &AuthArgs) -> Result<Auth, ServeError> {
+    let tokens = match (&config.tokens_file, config.allow_unauthenticated) {
+        (Some(path), _) => {
+            let text = read("tokens file", path)?;
+            Authenticator::parse_tokens_file(&String::from_utf8_lossy(&text))?
+        }
+        (None, true) => {
+            tracing::warn!(
+                "serving WITHOUT authentication (--allow-unauthenticated): every caller is admin"
+            );
+            Authenticator::Unauthenticated
+        }
+        (None, false) if config.service_account_tokens => Authenticator::Tokens(Vec::new()),
+        (None, false) => return Err(ServeError::NoAuthentication),
+    };
+    let mut auth = Auth::with_path(tokens, config.tokens_file.clone());
+    if let Some(path) = &config.role_bindings_file {
+        let bindings =
+            Bindings::parse(&String::from_utf8_lossy(&read("role bindings file", path)?))?;
+        auth = auth.with_bindings(bindings, Some(path.clone()));
+    }
+    if config.service_account_tokens {
+        let client =
+            kube::Client::try_default().await.map_err(|e| ServeError::Kube(e.to_string()))?;
+        let audience = config.service_account_audience.clone();
+        auth = auth.with_issuer(service_account::issuer(client.clone(), audience.clone()));
+        if config.service_account_token_review {
+            auth = auth.with_token_review(TokenReviewer::new(client, audience.clone()));
+        }
+        if config.role_bindings_file.is_none() {
+            tracing::warn!("service-account tokens are accepted but no --role-bindings-file gives any identity a role: every one is refused");
+        }
+        tracing::info!(
+            audience,
+            token_review = config.service_account_token_review,
+            "service-account tokens accepted"
+        );
+    }
+    Ok(auth)
 }

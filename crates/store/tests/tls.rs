@@ -10,7 +10,7 @@ use std::sync::Arc;
 use common::{Bearer, EDITOR};
 use gantry_api::v1::gateway_service_client::GatewayServiceClient;
 use gantry_api::v1::ListGatewaysRequest;
-use gantry_store::grpc::auth::{Auth, Authenticator};
+use gantry_store::auth::{Auth, Authenticator};
 use gantry_store::Settings;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig};
 

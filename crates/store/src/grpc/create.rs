@@ -4,8 +4,8 @@ use gantry_api::v1::{CreateGatewayRequest, Gateway};
 use gantry_core::{lifecycle, validation};
 use tonic::Status;
 
-use super::auth::Principal;
 use super::errors::{invalid, rule_status, storage_status};
+use crate::auth::Principal;
 use crate::writer::Writer;
 
 pub(super) async fn create(

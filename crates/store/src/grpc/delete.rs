@@ -5,8 +5,8 @@ use gantry_api::v1::{DeleteGatewayRequest, Gateway};
 use gantry_core::{lifecycle, validation, RuleError};
 use tonic::Status;
 
-use super::auth::Principal;
 use super::errors::{rule_status, storage_status};
+use crate::auth::Principal;
 use crate::writer::Writer;
 
 pub(super) async fn delete(

@@ -6,14 +6,13 @@
 //! Domain errors become `tonic::Status` here and nowhere below ([`errors`]).
 //!
 //! ```text
-//! request ─► observe ─► auth (token → role) ─► create | get | list | update | delete | watch
+//! request ─► observe ─► auth (token → identity → role) ─► create | get | list | update | delete | watch
 //!                                                 │ writer.mutate   │ storage   │ watch::stream
 //! ```
 //!
 //! Also here: connection limits ([`conn`]), page tokens, the refusal-log
 //! rate limit.
 
-pub mod auth;
 pub mod conn;
 mod create;
 mod delete;
@@ -37,8 +36,8 @@ use gantry_api::v1::{
 use prost_types::Timestamp;
 use tonic::{Request, Response, Status};
 
-use self::auth::{Auth, Principal};
 use self::watch::WatchStream;
+use crate::auth::{Auth, Principal};
 use crate::storage::Storage;
 use crate::watch::stream::WatchContext;
 use crate::writer::Writer;
@@ -62,8 +61,8 @@ impl GatewayApi {
         Self { writer, storage, watch, auth }
     }
 
-    fn authenticate<T>(&self, request: &Request<T>) -> Result<Principal, Status> {
-        self.auth.authenticate(request.metadata())
+    async fn authenticate<T>(&self, request: &Request<T>) -> Result<Principal, Status> {
+        self.auth.authenticate(request.metadata()).await
     }
 }
 
@@ -78,7 +77,7 @@ impl GatewayService for GatewayApi {
         &self,
         request: Request<CreateGatewayRequest>,
     ) -> Result<Response<Gateway>, Status> {
-        let principal = self.authenticate(&request)?;
+        let principal = self.authenticate(&request).await?;
         create::create(&self.writer, principal, request.into_inner()).await.map(Response::new)
     }
 
@@ -86,7 +85,7 @@ impl GatewayService for GatewayApi {
         &self,
         request: Request<GetGatewayRequest>,
     ) -> Result<Response<Gateway>, Status> {
-        self.authenticate(&request)?;
+        self.authenticate(&request).await?;
         get::get(self.storage.as_ref(), request.into_inner()).await.map(Response::new)
     }
 
@@ -94,7 +93,7 @@ impl GatewayService for GatewayApi {
         &self,
         request: Request<ListGatewaysRequest>,
     ) -> Result<Response<ListGatewaysResponse>, Status> {
-        self.authenticate(&request)?;
+        self.authenticate(&request).await?;
         list::list(self.storage.as_ref(), request.into_inner()).await.map(Response::new)
     }
 
@@ -102,7 +101,7 @@ impl GatewayService for GatewayApi {
         &self,
         request: Request<UpdateGatewayRequest>,
     ) -> Result<Response<Gateway>, Status> {
-        let principal = self.authenticate(&request)?;
+        let principal = self.authenticate(&request).await?;
         update::update(&self.writer, principal, request.into_inner()).await.map(Response::new)
     }
 
@@ -110,7 +109,7 @@ impl GatewayService for GatewayApi {
         &self,
         request: Request<DeleteGatewayRequest>,
     ) -> Result<Response<Gateway>, Status> {
-        let principal = self.authenticate(&request)?;
+        let principal = self.authenticate(&request).await?;
         delete::delete(&self.writer, principal, request.into_inner()).await.map(Response::new)
     }
 
@@ -120,7 +119,7 @@ impl GatewayService for GatewayApi {
         &self,
         request: Request<WatchGatewaysRequest>,
     ) -> Result<Response<Self::WatchGatewaysStream>, Status> {
-        let principal = self.authenticate(&request)?;
+        let principal = self.authenticate(&request).await?;
         let metadata = request.metadata().clone();
         let request = request.into_inner();
         tracing::debug!(subject = %principal.subject, from = request.resource_version, "watch started");

@@ -25,9 +25,9 @@ use tonic::server::NamedService;
 use tonic::{Code, Status};
 use tracing::Instrument;
 
-use super::auth::Auth;
 use super::errors::too_large_is_resource_exhausted;
 use super::rate_limit::RateLimit;
+use crate::auth::Auth;
 use crate::metrics::Metrics;
 
 /// Refusal log lines written per second at most.
@@ -150,9 +150,9 @@ impl ObserveLayer {
             Code::Unauthenticated | Code::PermissionDenied => {
                 if let Some(suppressed) = self.refusals.admit() {
                     let peer = caller.peer.map(|p| p.to_string()).unwrap_or_default();
-                    let principal = self.auth.authenticate(&caller.authorization).ok();
-                    let subject = principal.as_ref().map_or("", |p| p.subject.as_str());
-                    tracing::info!(method, code = ?status.code(), error = status.message(), peer, subject, suppressed, "request refused");
+                    let (subject, authenticator) =
+                        self.auth.describe(&caller.authorization).unwrap_or_default();
+                    tracing::info!(method, code = ?status.code(), error = status.message(), peer, subject, authenticator, suppressed, "request refused");
                 }
             }
             _ => {}
@@ -164,7 +164,7 @@ impl ObserveLayer {
 #[derive(Debug, Clone)]
 struct Caller {
     peer: Option<std::net::SocketAddr>,
-    /// The call's `authorization` metadata, authenticated again only when a
+    /// The call's `authorization` metadata, looked up again only when a
     /// refusal is logged (not on every call).
     authorization: MetadataMap,
     /// The caller's trace (W3C `traceparent`), parent of this call's span.
@@ -189,7 +189,7 @@ mod tests {
     use tower::{Layer, ServiceExt};
 
     use super::*;
-    use crate::grpc::auth::Authenticator;
+    use crate::auth::Authenticator;
 
     /// A service that answers every call with `status` (OK: an empty body
     /// and no `grpc-status` header, as a unary success begins).

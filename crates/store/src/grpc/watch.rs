@@ -10,8 +10,8 @@ use gantry_core::{validation, Selector};
 use tokio_stream::{Stream, StreamExt as _};
 use tonic::{Code, Status};
 
-use super::auth::Auth;
 use super::errors::{invalid, rule_status, storage_status, with_reason};
+use crate::auth::Auth;
 use crate::watch::filter::Filter;
 use crate::watch::stream::{self, Params, WatchContext, WatchEnd};
 
@@ -81,7 +81,8 @@ fn end_status(end: WatchEnd) -> Status {
 }
 
 /// Ends `stream` with UNAUTHENTICATED once the token that opened it
-/// expires or is removed from the tokens file.
+/// expires or is removed from the tokens file (or PERMISSION_DENIED once
+/// its binding is).
 pub(super) fn while_authenticated(
     stream: WatchStream,
     auth: Arc<Auth>,
@@ -108,7 +109,7 @@ pub(super) fn while_authenticated(
                 _ = reloads.changed() => {}
                 () = expiry => {}
             }
-            if let Err(status) = auth.authenticate(&metadata) {
+            if let Err(status) = auth.authenticate(&metadata).await {
                 tracing::info!(
                     message = status.message(),
                     "watch ended: its token is no longer valid"

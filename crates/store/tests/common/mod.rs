@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use gantry_api::v1::gateway_service_client::GatewayServiceClient;
 use gantry_api::v1::{CreateGatewayRequest, Gateway, ObjectMeta};
-use gantry_store::grpc::auth::{Auth, Authenticator};
+use gantry_store::auth::{Auth, Authenticator};
 use gantry_store::storage::Storage;
 use gantry_store::{Settings, WatchSettings};
 pub use gantry_testkit::{Backend, TestDatabase};

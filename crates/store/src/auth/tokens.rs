@@ -1,4 +1,5 @@
-//! Bearer-token authentication from a static tokens file.
+//! The static tokens file: the authenticator for local use, gantry-local
+//! and clusters without service-account or OIDC tokens.
 //!
 //! The file has the shape of Kubernetes' static token file: one
 //! `token,subject,role[,expires]` line per token, `expires` an RFC 3339
@@ -8,20 +9,12 @@
 //! response timing does not reveal how much of a guess was right.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
 use std::time::SystemTime;
 
 use gantry_core::Role;
-use tonic::metadata::MetadataMap;
 use tonic::Status;
 
-/// Who is calling.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Principal {
-    pub subject: String,
-    pub role: Role,
-}
+use super::Principal;
 
 /// A tokens file that does not parse.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -117,160 +110,38 @@ impl Authenticator {
         Ok(Authenticator::Tokens(tokens))
     }
 
-    /// The principal for a request's `authorization: Bearer T` metadata, or
-    /// UNAUTHENTICATED.
-    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Principal, Status> {
-        let tokens = match self {
-            Authenticator::Unauthenticated => {
-                return Ok(Principal { subject: "anonymous".into(), role: Role::Admin });
-            }
-            Authenticator::Tokens(tokens) => tokens,
+    /// The principal `token` names: `None` when no line has it (another
+    /// authenticator may know it), UNAUTHENTICATED when its line expired.
+    pub fn lookup(&self, token: &str) -> Option<Result<Principal, Status>> {
+        let Authenticator::Tokens(tokens) = self else {
+            return Some(Ok(Principal { subject: "anonymous".into(), role: Role::Admin }));
         };
-        let token = bearer(metadata)?;
         // Every entry is compared, whatever matched first.
-        let found = tokens.iter().fold(None, |found, entry| {
+        let entry = tokens.iter().fold(None, |found, entry| {
             if constant_time_eq(&entry.token, token.as_bytes()) {
                 Some(entry)
             } else {
                 found
             }
-        });
-        let entry = found.ok_or_else(|| {
-            Status::unauthenticated("unknown bearer token; check the token your client sends")
         })?;
         if entry.expires.is_some_and(|e| e <= SystemTime::now()) {
-            return Err(Status::unauthenticated(format!(
+            return Some(Err(Status::unauthenticated(format!(
                 "the bearer token of {} has expired; ask the store's operator for a new one",
                 entry.principal.subject
-            )));
+            ))));
         }
-        Ok(entry.principal.clone())
-    }
-}
-
-/// The authenticator in force, replaced when the tokens file changes (or
-/// on SIGHUP): a token added or removed there takes effect without a
-/// restart, and open watch streams re-check their token on every reload
-/// and when it expires.
-pub struct Auth {
-    current: RwLock<Arc<Authenticator>>,
-    /// The tokens file it was read from, if any.
-    path: Option<PathBuf>,
-    reloads: tokio::sync::watch::Sender<u64>,
-}
-
-impl fmt::Debug for Auth {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Auth").field("current", &self.snapshot()).field("path", &self.path).finish()
-    }
-}
-
-impl Auth {
-    pub fn new(authenticator: Authenticator) -> Self {
-        Self::with_path(authenticator, None)
+        Some(Ok(entry.principal.clone()))
     }
 
-    /// An authenticator read from `path`, reloadable.
-    pub fn with_path(authenticator: Authenticator, path: Option<PathBuf>) -> Self {
-        Self {
-            current: RwLock::new(Arc::new(authenticator)),
-            path,
-            reloads: tokio::sync::watch::channel(0).0,
-        }
-    }
-
-    fn snapshot(&self) -> Arc<Authenticator> {
-        self.current.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
-    }
-
-    /// The tokens file, if the tokens came from one.
-    pub fn path(&self) -> Option<&Path> {
-        self.path.as_deref()
-    }
-
-    /// See [`Authenticator::authenticate`], with the tokens now in force.
-    pub fn authenticate(&self, metadata: &MetadataMap) -> Result<Principal, Status> {
-        self.snapshot().authenticate(metadata)
-    }
-
-    /// When the token in `metadata` expires, if it is known and expires.
-    pub fn expires(&self, metadata: &MetadataMap) -> Option<SystemTime> {
-        match &*self.snapshot() {
+    /// When `token`'s line expires, if it has one.
+    pub fn expires(&self, token: &str) -> Option<SystemTime> {
+        match self {
             Authenticator::Tokens(tokens) => {
-                let token = bearer(metadata).ok()?;
                 tokens.iter().find(|e| constant_time_eq(&e.token, token.as_bytes()))?.expires
             }
             Authenticator::Unauthenticated => None,
         }
     }
-
-    /// Puts `authenticator` in force and tells open streams to re-check.
-    pub fn replace(&self, authenticator: Authenticator) {
-        *self.current.write().unwrap_or_else(std::sync::PoisonError::into_inner) =
-            Arc::new(authenticator);
-        self.reloads.send_modify(|n| *n += 1);
-    }
-
-    /// Changes on every [`Auth::replace`].
-    pub fn reloads(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.reloads.subscribe()
-    }
-}
-
-/// Reloads the tokens file of `auth` when it changes (checked every
-/// second) or on SIGHUP, until `shutdown`. A file that does not parse is
-/// logged and the tokens in force stay.
-pub async fn reload_on_change(auth: Arc<Auth>, shutdown: gantry_runtime::Shutdown) {
-    let Some(path) = auth.path().map(Path::to_path_buf) else { return };
-    let stamp = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.modified().ok(), m.len()));
-    let mut seen = stamp(&path);
-    let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
-    loop {
-        let hangup = async {
-            match hangups.as_mut() {
-                Some(h) => {
-                    h.recv().await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        let forced = tokio::select! {
-            () = shutdown.wait() => return,
-            _ = tick.tick() => false,
-            () = hangup => true,
-        };
-        let now = stamp(&path);
-        if !forced && now == seen {
-            continue;
-        }
-        seen = now;
-        let parsed = std::fs::read(&path).map_err(|e| e.to_string()).and_then(|text| {
-            Authenticator::parse_tokens_file(&String::from_utf8_lossy(&text))
-                .map_err(|e| e.to_string())
-        });
-        match parsed {
-            Ok(authenticator) => {
-                tracing::info!(path = %path.display(), tokens = ?authenticator, "tokens file reloaded");
-                auth.replace(authenticator);
-            }
-            Err(e) => {
-                tracing::error!(path = %path.display(), error = %e, "cannot reload the tokens file; the tokens in force stay");
-            }
-        }
-    }
-}
-
-fn bearer(metadata: &MetadataMap) -> Result<&str, Status> {
-    let header = metadata.get("authorization").ok_or_else(|| {
-        Status::unauthenticated("missing `authorization: Bearer <token>` metadata")
-    })?;
-    header
-        .to_str()
-        .ok()
-        .and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")))
-        .map(str::trim)
-        .ok_or_else(|| Status::unauthenticated("authorization metadata must be `Bearer <token>`"))
 }
 
 #[cfg(test)]
@@ -279,27 +150,14 @@ mod tests {
 
     const FILE: &str = "# gantry tokens\nviewer-token-0123456789,alice,viewer\n\nreconciler-token-0123456,gateway-reconciler,reconciler\n";
 
-    fn metadata(value: &str) -> MetadataMap {
-        let mut m = MetadataMap::new();
-        m.insert("authorization", value.parse().unwrap());
-        m
-    }
-
     #[test]
-    fn parses_and_authenticates() {
+    fn parses_and_looks_up() {
         let auth = Authenticator::parse_tokens_file(FILE).unwrap();
-        let p = auth.authenticate(&metadata("Bearer viewer-token-0123456789")).unwrap();
+        let p = auth.lookup("viewer-token-0123456789").unwrap().unwrap();
         assert_eq!(p, Principal { subject: "alice".into(), role: Role::Viewer });
-        for bad in ["Bearer nope-nope-nope-nope", "Basic abc", "viewer-token-0123456789"] {
-            assert_eq!(
-                auth.authenticate(&metadata(bad)).unwrap_err().code(),
-                tonic::Code::Unauthenticated
-            );
+        for unknown in ["nope-nope-nope-nope", "viewer-token-012345678", ""] {
+            assert!(auth.lookup(unknown).is_none(), "{unknown}");
         }
-        assert_eq!(
-            auth.authenticate(&MetadataMap::new()).unwrap_err().code(),
-            tonic::Code::Unauthenticated
-        );
     }
 
     #[test]
@@ -321,11 +179,11 @@ mod tests {
         let file = "old-token-0123456789ab,bob,editor,2020-01-01T00:00:00Z\n\
                     new-token-0123456789ab,carol,editor,2999-01-01T00:00:00Z\n";
         let auth = Authenticator::parse_tokens_file(file).unwrap();
-        let expired = auth.authenticate(&metadata("Bearer old-token-0123456789ab")).unwrap_err();
+        let expired = auth.lookup("old-token-0123456789ab").unwrap().unwrap_err();
         assert_eq!(expired.code(), tonic::Code::Unauthenticated);
         assert!(expired.message().contains("expired"), "{}", expired.message());
         assert!(!expired.message().contains("old-token"), "the message must not echo the token");
-        let p = auth.authenticate(&metadata("Bearer new-token-0123456789ab")).unwrap();
+        let p = auth.lookup("new-token-0123456789ab").unwrap().unwrap();
         assert_eq!(p.subject, "carol");
         let bad = Authenticator::parse_tokens_file("a-long-enough-token-1,a,viewer,tomorrow");
         assert_eq!(bad.unwrap_err().line, 1);
