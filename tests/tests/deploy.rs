@@ -18,8 +18,8 @@ use serde_json::Value;
 
 const OVERLAYS: [&str; 3] = ["postgres", "ha", "dev"];
 /// Secrets the user creates (README, "Deployment").
-const USER_PROVIDED: [&str; 4] =
-    ["gantry-store-tokens", "gantry-reconciler-token", "gantry-store-tls", "gantry-store-database"];
+const USER_PROVIDED: [&str; 3] =
+    ["gantry-store-tokens", "gantry-store-tls", "gantry-store-database"];
 
 /// The kubectl of the pinned Kubernetes release (tests/k8s/setup.sh).
 fn kubectl() -> Option<PathBuf> {
@@ -56,11 +56,13 @@ fn strict(object: &Value) {
         "Namespace" => round::<core::Namespace>(object),
         "ServiceAccount" => round::<core::ServiceAccount>(object),
         "Secret" => round::<core::Secret>(object),
+        "ConfigMap" => round::<core::ConfigMap>(object),
         "PersistentVolumeClaim" => round::<core::PersistentVolumeClaim>(object),
         "Service" => round::<core::Service>(object),
         "Deployment" => round::<apps::Deployment>(object),
         "Role" => round::<rbac::Role>(object),
         "RoleBinding" => round::<rbac::RoleBinding>(object),
+        "ClusterRoleBinding" => round::<rbac::ClusterRoleBinding>(object),
         "NetworkPolicy" => round::<net::NetworkPolicy>(object),
         other => panic!("unexpected kind {other}"),
     };
@@ -218,6 +220,9 @@ fn check_overlay(overlay: &str, objects: &[Value]) {
                     "{overlay}/{name}: Secret {secret}"
                 );
             }
+            if let Some(map) = volume["configMap"]["name"].as_str() {
+                assert!(exists(objects, "ConfigMap", map), "{overlay}/{name}: ConfigMap {map}");
+            }
             if let Some(claim) = volume["persistentVolumeClaim"]["claimName"].as_str() {
                 assert!(
                     exists(objects, "PersistentVolumeClaim", claim),
@@ -271,6 +276,12 @@ fn check_overlay(overlay: &str, objects: &[Value]) {
             assert!(exists(objects, "ServiceAccount", subject["name"].as_str().unwrap()));
         }
     }
+    for binding in named(objects, "ClusterRoleBinding") {
+        for subject in binding["subjects"].as_array().unwrap() {
+            assert!(exists(objects, "ServiceAccount", subject["name"].as_str().unwrap()));
+        }
+    }
+    reconciler_identity_is_bound(overlay, objects);
     for policy in named(objects, "NetworkPolicy") {
         let store = deployments.iter().find(|d| d["metadata"]["name"] == "gateway-store").unwrap();
         assert!(labels_match(
@@ -285,6 +296,69 @@ fn check_overlay(overlay: &str, objects: &[Value]) {
             "the reconciler may reach the store"
         );
     }
+}
+
+/// The reconciler reaches the store with its own service-account token:
+/// the projected token's audience is the one the store takes, and the
+/// store's role bindings give that account, in the reconciler's namespace,
+/// the reconciler role. No shared token is mounted.
+fn reconciler_identity_is_bound(overlay: &str, objects: &[Value]) {
+    let deployment = |name: &str| {
+        named(objects, "Deployment").into_iter().find(|d| d["metadata"]["name"] == name).unwrap()
+    };
+    let (store, reconciler) = (deployment("gateway-store"), deployment("gateway-reconciler"));
+    let pod = &reconciler["spec"]["template"]["spec"];
+    let projected = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|v| v["projected"]["sources"].as_array().cloned().unwrap_or_default())
+        .find_map(|s| s["serviceAccountToken"]["audience"].as_str().map(str::to_string))
+        .unwrap_or_else(|| panic!("{overlay}: the reconciler mounts no projected token"));
+    let store_args: Vec<&str> = store["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(store_args.contains(&"--service-account-tokens"), "{overlay}: the store takes them");
+    let audience = store_args
+        .iter()
+        .find_map(|a| a.strip_prefix("--service-account-audience="))
+        .unwrap_or("gantry");
+    assert_eq!(projected, audience, "{overlay}: the token's audience is the store's");
+    let token_file = pod["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .find_map(|a| a.strip_prefix("--token-file="))
+        .unwrap_or_else(|| panic!("{overlay}: the reconciler reads a token file"));
+    let mounts = pod["containers"][0]["volumeMounts"].as_array().unwrap();
+    let mount = mounts
+        .iter()
+        .find(|m| token_file.starts_with(m["mountPath"].as_str().unwrap()))
+        .unwrap_or_else(|| panic!("{overlay}: {token_file} is on no volume"));
+    let volume = pod["volumes"].as_array().unwrap().iter().find(|v| v["name"] == mount["name"]);
+    assert!(
+        volume.is_some_and(|v| v["projected"].is_object()),
+        "{overlay}: the reconciler's token file is its projected token, not a Secret"
+    );
+    let map = named(objects, "ConfigMap")
+        .into_iter()
+        .find(|m| m["metadata"]["name"] == "gantry-role-bindings")
+        .unwrap_or_else(|| panic!("{overlay}: no role bindings"));
+    let bindings: Value =
+        serde_saphyr::from_str(map["data"]["bindings.yaml"].as_str().unwrap()).unwrap();
+    let account = pod["serviceAccountName"].as_str().unwrap();
+    let namespace = reconciler["metadata"]["namespace"].as_str().unwrap();
+    let bound = bindings["bindings"].as_array().unwrap().iter().any(|b| {
+        b["role"] == "reconciler"
+            && b["subjects"].as_array().unwrap().iter().any(|s| {
+                s["kind"] == "ServiceAccount" && s["name"] == account && s["namespace"] == namespace
+            })
+    });
+    assert!(bound, "{overlay}: {namespace}/{account} is not bound to the reconciler role");
 }
 
 #[test]

@@ -558,16 +558,14 @@ async fn the_postgres_overlay_runs_two_stores_behind_tls_and_a_killed_one_loses_
 
     // The Secrets, as the README has operators make them.
     let admin = format!("{:032x}", fastrand::u128(..));
-    let reconciler = format!("{:032x}", fastrand::u128(..));
     let file = |name: &str, content: &str| {
         let path = dir.join(name);
         std::fs::write(&path, content).unwrap();
         path.display().to_string()
     };
-    let tokens = file(
-        "tokens.csv",
-        &format!("{admin},admin,admin\n{reconciler},gateway-reconciler,reconciler\n"),
-    );
+    // People's tokens only: the reconciler presents its service-account
+    // token.
+    let tokens = file("tokens.csv", &format!("{admin},admin,admin\n"));
     let service_names = ["gateway-store", "gateway-store.gantry.svc", "localhost"];
     let (ca, cert, key) =
         gantry_testkit::server_certificate("gateway-store.gantry.svc", &service_names, &[]);
@@ -583,7 +581,6 @@ async fn the_postgres_overlay_runs_two_stores_behind_tls_and_a_killed_one_loses_
         node.kubectl(&[&["-n", "gantry", "create", "secret", "generic"], args].concat());
     };
     secret(&["gantry-store-tokens", &format!("--from-file=tokens.csv={tokens}")]);
-    secret(&["gantry-reconciler-token", &format!("--from-literal=token={reconciler}")]);
     secret(&[
         "gantry-store-tls",
         &format!("--from-file=tls.crt={cert}"),

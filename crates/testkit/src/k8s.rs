@@ -382,6 +382,11 @@ impl ControlPlane {
         self.children.push(child);
     }
 
+    /// The PEM key the API server signs service-account tokens with.
+    pub fn service_account_key(&self) -> String {
+        std::fs::read_to_string(self.dir.join("sa.key")).expect("the plane's service-account key")
+    }
+
     /// The log of one component (`kube-apiserver`, `kwok`, ...).
     pub fn component_log(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()

@@ -17,6 +17,7 @@ pub mod db;
 pub mod env;
 pub mod gateway;
 pub mod http;
+pub mod jwt;
 pub mod k8s;
 pub mod linearizability;
 pub mod node;

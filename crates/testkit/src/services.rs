@@ -83,8 +83,18 @@ impl StoreProcess {
 
     /// As [`StoreProcess::start`], with more flags.
     pub fn start_with(database_url: &str, data_dir: &Path, extra: &[&str]) -> StoreProcess {
+        Self::start_with_env(database_url, data_dir, extra, &[])
+    }
+
+    /// As [`StoreProcess::start_with`], with environment variables.
+    pub fn start_with_env(
+        database_url: &str,
+        data_dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> StoreProcess {
         with_fresh_ports("gateway-store", || {
-            let mut store = Self::new(database_url, data_dir, extra);
+            let mut store = Self::new(database_url, data_dir, extra, env);
             let up = store.try_spawn();
             (store, up)
         })
@@ -99,14 +109,19 @@ impl StoreProcess {
         open_files: u32,
     ) -> StoreProcess {
         with_fresh_ports("gateway-store", || {
-            let mut store = Self::new(database_url, data_dir, extra);
+            let mut store = Self::new(database_url, data_dir, extra, &[]);
             store.process.set_open_files(open_files);
             let up = store.try_spawn();
             (store, up)
         })
     }
 
-    fn new(database_url: &str, data_dir: &Path, extra: &[&str]) -> StoreProcess {
+    fn new(
+        database_url: &str,
+        data_dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> StoreProcess {
         let (grpc, http) = (free_port(), free_port());
         let mut args: Vec<String> = vec![
             "--listen".into(),
@@ -122,8 +137,11 @@ impl StoreProcess {
         if !extra.contains(&"--tokens-file") {
             args.push("--allow-unauthenticated".into());
         }
-        let process =
+        let mut process =
             Process::new(binary("gateway-store"), args).log_to(&data_dir.join("gateway-store.log"));
+        for (key, value) in env {
+            process = process.env(key, value);
+        }
         StoreProcess { process, grpc, http }
     }
 

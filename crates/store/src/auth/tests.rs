@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
+use gantry_testkit::jwt::{now, Signer};
 use jsonwebtoken::jwk::JwkSet;
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use tonic::Code;
@@ -15,38 +16,6 @@ use super::*;
 
 const ISSUER: &str = "https://kubernetes.default.svc";
 const RECONCILER: &str = "system:serviceaccount:gantry:gateway-reconciler";
-
-/// A P-256 signing key and its JWK (`kid`).
-struct Signer {
-    key: rcgen::KeyPair,
-    kid: String,
-}
-
-impl Signer {
-    fn new(kid: &str) -> Self {
-        Self { key: rcgen::KeyPair::generate().unwrap(), kid: kid.into() }
-    }
-
-    fn jwk(&self) -> serde_json::Value {
-        let point = self.key.public_key_raw();
-        serde_json::json!({
-            "kty": "EC", "crv": "P-256", "use": "sig", "alg": "ES256", "kid": self.kid,
-            "x": URL_SAFE_NO_PAD.encode(&point[1..33]),
-            "y": URL_SAFE_NO_PAD.encode(&point[33..65]),
-        })
-    }
-
-    fn sign(&self, claims: &serde_json::Value) -> String {
-        let mut header = Header::new(Algorithm::ES256);
-        header.kid = Some(self.kid.clone());
-        let key = EncodingKey::from_ec_der(&self.key.serialize_der());
-        jsonwebtoken::encode(&header, claims, &key).unwrap()
-    }
-}
-
-fn now() -> u64 {
-    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap().as_secs()
-}
 
 /// The claims of a service-account token for the reconciler, valid now.
 fn claims() -> serde_json::Value {
