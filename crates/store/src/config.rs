@@ -105,7 +105,7 @@ pub struct AuthArgs {
     #[arg(
         long,
         env = "GANTRY_ALLOW_UNAUTHENTICATED",
-        conflicts_with_all = ["tokens_file", "service_account_tokens"]
+        conflicts_with_all = ["tokens_file", "service_account_tokens", "oidc_issuer_url"]
     )]
     pub allow_unauthenticated: bool,
 
@@ -134,6 +134,38 @@ pub struct AuthArgs {
     /// refused.
     #[arg(long, env = "GANTRY_ROLE_BINDINGS_FILE")]
     pub role_bindings_file: Option<PathBuf>,
+
+    /// Accept OpenID Connect tokens from this issuer (https; its
+    /// discovery document and keys are fetched from it), as
+    /// kube-apiserver's flag of the same name.
+    #[arg(long, env = "GANTRY_OIDC_ISSUER_URL", requires = "oidc_client_id")]
+    pub oidc_issuer_url: Option<String>,
+
+    /// The audience OIDC tokens must carry (the client id at the provider).
+    #[arg(long, env = "GANTRY_OIDC_CLIENT_ID")]
+    pub oidc_client_id: Option<String>,
+
+    /// PEM CA certificate(s) of the provider's HTTPS server (default: the
+    /// system's roots).
+    #[arg(long, env = "GANTRY_OIDC_CA_FILE")]
+    pub oidc_ca_file: Option<PathBuf>,
+
+    /// The claim that names the user.
+    #[arg(long, env = "GANTRY_OIDC_USERNAME_CLAIM", default_value = "sub")]
+    pub oidc_username_claim: String,
+
+    /// Prefix of user names (default: the issuer URL and `#`, unless the
+    /// claim is `email`; `-` for none).
+    #[arg(long, env = "GANTRY_OIDC_USERNAME_PREFIX")]
+    pub oidc_username_prefix: Option<String>,
+
+    /// The claim that lists the user's groups (a string or a list).
+    #[arg(long, env = "GANTRY_OIDC_GROUPS_CLAIM")]
+    pub oidc_groups_claim: Option<String>,
+
+    /// Prefix of group names.
+    #[arg(long, env = "GANTRY_OIDC_GROUPS_PREFIX", default_value = "")]
+    pub oidc_groups_prefix: String,
 }
 
 /// Resource limits: how much of the store one client can take.

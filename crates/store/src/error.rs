@@ -13,11 +13,13 @@ pub enum ServeError {
     #[error(transparent)]
     Bindings(#[from] auth::BindingsFileError),
     #[error(
-        "no authenticator configured: refusing to serve without authentication; pass --tokens-file or --service-account-tokens, or --allow-unauthenticated for local development"
+        "no authenticator configured: refusing to serve without authentication; pass --tokens-file, --service-account-tokens or --oidc-issuer-url, or --allow-unauthenticated for local development"
     )]
     NoAuthentication,
     #[error("--service-account-tokens: cannot reach the Kubernetes API server (in-cluster configuration or KUBECONFIG): {0}")]
     Kube(String),
+    #[error("--oidc-issuer-url: {0}")]
+    Oidc(String),
     #[error("cannot open the database: {0}")]
     Storage(#[from] StorageError),
     #[error("cannot create the data directory {path}: {source}")]

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::auth::oidc::{self, OidcSettings};
 use crate::auth::service_account::{self, TokenReviewer};
 use crate::auth::{Auth, Authenticator, Bindings};
 use crate::config::{self, AuthArgs, Config};
@@ -161,7 +162,9 @@ async fn auth_from_config(config: &AuthArgs) -> Result<Auth, ServeError> {
             );
             Authenticator::Unauthenticated
         }
-        (None, false) if config.service_account_tokens => Authenticator::Tokens(Vec::new()),
+        (None, false) if config.service_account_tokens || config.oidc_issuer_url.is_some() => {
+            Authenticator::Tokens(Vec::new())
+        }
         (None, false) => return Err(ServeError::NoAuthentication),
     };
     let mut auth = Auth::with_path(tokens, config.tokens_file.clone());
@@ -178,14 +181,30 @@ async fn auth_from_config(config: &AuthArgs) -> Result<Auth, ServeError> {
         if config.service_account_token_review {
             auth = auth.with_token_review(TokenReviewer::new(client, audience.clone()));
         }
-        if config.role_bindings_file.is_none() {
-            tracing::warn!("service-account tokens are accepted but no --role-bindings-file gives any identity a role: every one is refused");
-        }
         tracing::info!(
             audience,
             token_review = config.service_account_token_review,
             "service-account tokens accepted"
         );
+    }
+    if let Some(issuer_url) = &config.oidc_issuer_url {
+        let ca_pem = config.oidc_ca_file.as_deref().map(|p| read("OIDC CA file", p)).transpose()?;
+        let settings = OidcSettings {
+            issuer_url: issuer_url.clone(),
+            client_id: config.oidc_client_id.clone().unwrap_or_default(),
+            ca_pem,
+            username_claim: config.oidc_username_claim.clone(),
+            username_prefix: config.oidc_username_prefix.clone(),
+            groups_claim: config.oidc_groups_claim.clone(),
+            groups_prefix: config.oidc_groups_prefix.clone(),
+        };
+        auth = auth.with_issuer(oidc::issuer(&settings).map_err(ServeError::Oidc)?);
+        tracing::info!(issuer = issuer_url, "OIDC tokens accepted");
+    }
+    if (config.service_account_tokens || config.oidc_issuer_url.is_some())
+        && config.role_bindings_file.is_none()
+    {
+        tracing::warn!("tokens from issuers are accepted but no --role-bindings-file gives any identity a role: every one is refused");
     }
     Ok(auth)
 }

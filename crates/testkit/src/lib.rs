@@ -21,6 +21,7 @@ pub mod jwt;
 pub mod k8s;
 pub mod linearizability;
 pub mod node;
+pub mod oidc;
 pub mod process;
 pub mod rig;
 mod services;

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant, SystemTime};
 use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 
+use super::https::HttpsGet;
 use super::Identity;
 
 /// Clock skew allowed on `exp` and `nbf`.
@@ -27,6 +28,9 @@ pub enum KeySource {
     /// KUBECONFIG): `/.well-known/openid-configuration` names the issuer,
     /// `/openid/v1/jwks` holds the keys.
     ApiServer(kube::Client),
+    /// An OIDC provider: `{issuer}/.well-known/openid-configuration`
+    /// must name `issuer` exactly and gives `jwks_uri`.
+    Discovery { issuer: String, https: HttpsGet },
     /// A fixed issuer and key set (tests of the rules below).
     Fixed { issuer: String, keys: JwkSet },
 }
@@ -35,16 +39,42 @@ impl std::fmt::Debug for KeySource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             KeySource::ApiServer(_) => f.write_str("ApiServer"),
+            KeySource::Discovery { issuer, .. } => write!(f, "Discovery({issuer})"),
             KeySource::Fixed { issuer, .. } => write!(f, "Fixed({issuer})"),
         }
     }
 }
 
 impl KeySource {
+    /// The issuer's name when it is known without a fetch.
+    fn known_issuer(&self) -> Option<&str> {
+        match self {
+            KeySource::ApiServer(_) => None,
+            KeySource::Discovery { issuer, .. } | KeySource::Fixed { issuer, .. } => Some(issuer),
+        }
+    }
+
     /// The issuer's name (`iss`) and its current keys.
     async fn fetch(&self) -> Result<(String, JwkSet), String> {
         match self {
             KeySource::Fixed { issuer, keys } => Ok((issuer.clone(), keys.clone())),
+            KeySource::Discovery { issuer, https } => {
+                let url =
+                    format!("{}/.well-known/openid-configuration", issuer.trim_end_matches('/'));
+                let discovery = https.json(&url).await?;
+                let named = discovery["issuer"].as_str().unwrap_or_default();
+                if named != issuer {
+                    return Err(format!(
+                        "the discovery document names the issuer {named:?}, not {issuer:?}"
+                    ));
+                }
+                let jwks_uri = discovery["jwks_uri"]
+                    .as_str()
+                    .ok_or("the discovery document names no jwks_uri")?;
+                let keys = serde_json::from_value(https.json(jwks_uri).await?)
+                    .map_err(|e| format!("the key set does not parse: {e}"))?;
+                Ok((issuer.clone(), keys))
+            }
             KeySource::ApiServer(client) => {
                 let get = |path: &'static str| async move {
                     let request =
@@ -74,6 +104,16 @@ pub enum ClaimMapping {
     /// `system:serviceaccount:NAMESPACE:NAME`; the groups are the ones the
     /// API server gives service accounts.
     ServiceAccount,
+    /// An OIDC provider's token, with kube-apiserver's `--oidc-*` rules:
+    /// the user is `username_prefix` + the `username_claim`, the groups
+    /// `groups_prefix` + each value of the `groups_claim`. Names starting
+    /// `system:` are refused: those are the cluster's own.
+    Oidc {
+        username_claim: String,
+        username_prefix: String,
+        groups_claim: Option<String>,
+        groups_prefix: String,
+    },
 }
 
 impl ClaimMapping {
@@ -100,6 +140,35 @@ impl ClaimMapping {
                     ],
                     authenticator,
                 })
+            }
+            ClaimMapping::Oidc { username_claim, username_prefix, groups_claim, groups_prefix } => {
+                let name = claims[username_claim.as_str()]
+                    .as_str()
+                    .filter(|n| !n.is_empty())
+                    .ok_or_else(|| format!("the token has no {username_claim} claim"))?;
+                if username_claim == "email" && claims["email_verified"] == false {
+                    return Err("the token's email is not verified".into());
+                }
+                let user = format!("{username_prefix}{name}");
+                let mut groups = match groups_claim.as_deref().map(|c| &claims[c]) {
+                    None | Some(serde_json::Value::Null) => Vec::new(),
+                    Some(serde_json::Value::String(g)) => vec![format!("{groups_prefix}{g}")],
+                    Some(serde_json::Value::Array(values)) => values
+                        .iter()
+                        .map(|g| g.as_str().map(|g| format!("{groups_prefix}{g}")))
+                        .collect::<Option<Vec<_>>>()
+                        .ok_or("the token's groups are not all strings")?,
+                    Some(_) => {
+                        return Err("the token's groups claim is not a list of strings".into())
+                    }
+                };
+                if let Some(reserved) =
+                    std::iter::once(&user).chain(&groups).find(|n| n.starts_with("system:"))
+                {
+                    return Err(format!("{reserved:?} is a name reserved to the cluster"));
+                }
+                groups.push("system:authenticated".into());
+                Ok(Identity { user, groups, authenticator })
             }
         }
     }
@@ -169,9 +238,12 @@ impl Issuer {
         Ok(())
     }
 
-    /// Whether this issuer is the one a token's (unverified) `iss` names;
-    /// `None` before its keys were first fetched.
+    /// Whether this issuer is the one a token's (unverified) `iss` names
+    /// (the API server's is learnt from its first fetch).
     pub async fn issues(&self, iss: &str) -> bool {
+        if let Some(known) = self.source.known_issuer() {
+            return known == iss;
+        }
         let mut keys = self.keys.lock().await;
         if keys.is_none() {
             if let Err(e) = self.fetch_into(&mut keys).await {

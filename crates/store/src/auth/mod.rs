@@ -8,9 +8,10 @@
 //! 2. for a token shaped like a JWT, the issuer its `iss` names ([`jwt`]):
 //!    Kubernetes service-account tokens ([`service_account`]), verified
 //!    offline against the API server's keys and, optionally, online by a
-//!    TokenReview. The identity (user and groups) gets its role from the
-//!    role bindings ([`bindings`]); an identity no binding names is refused
-//!    with PERMISSION_DENIED, never taken as a viewer.
+//!    TokenReview, and people's tokens from an OIDC provider ([`oidc`]).
+//!    The identity (user and groups) gets its role from the role bindings
+//!    ([`bindings`]); an identity no binding names is refused with
+//!    PERMISSION_DENIED, never taken as a viewer.
 //!
 //! A verified JWT is remembered for [`VERIFIED_FOR`] by its SHA-256 (never
 //! the token itself), so a busy caller costs one signature check (and one
@@ -20,7 +21,9 @@
 //! their caller then and when its token expires.
 
 pub mod bindings;
+pub mod https;
 pub mod jwt;
+pub mod oidc;
 pub mod service_account;
 pub mod tokens;
 

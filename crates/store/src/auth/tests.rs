@@ -172,3 +172,68 @@ async fn static_tokens_still_work_and_header_mistakes_are_unauthenticated() {
     let jwt = Signer::new("k1").sign(&claims());
     assert!(refused(&auth, &jwt).await.contains("unknown bearer token"));
 }
+
+fn oidc_auth(keys: &[&Signer], bindings: &str) -> Auth {
+    let set: JwkSet = serde_json::from_value(
+        serde_json::json!({"keys": keys.iter().map(|k| k.jwk()).collect::<Vec<_>>()}),
+    )
+    .unwrap();
+    let source = KeySource::Fixed { issuer: "https://idp.example".into(), keys: set };
+    let claims = ClaimMapping::Oidc {
+        username_claim: "email".into(),
+        username_prefix: String::new(),
+        groups_claim: Some("groups".into()),
+        groups_prefix: "idp:".into(),
+    };
+    let issuer = Issuer::new("oidc", source, vec!["gantry-cli".into()], claims);
+    Auth::new(Authenticator::Tokens(Vec::new()))
+        .with_issuer(issuer)
+        .with_bindings(Bindings::parse(bindings).unwrap(), None)
+}
+
+fn person(email: &str, groups: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "iss": "https://idp.example", "aud": "gantry-cli", "sub": "u-1", "email": email,
+        "email_verified": true, "groups": groups, "iat": now(), "exp": now() + 600,
+    })
+}
+
+#[tokio::test]
+async fn oidc_users_and_groups_get_their_bindings_roles() {
+    let signer = Signer::new("idp-1");
+    let bindings = "bindings:\n  - role: editor\n    subjects:\n      - {kind: Group, name: 'idp:platform'}\n  - role: admin\n    subjects:\n      - {kind: User, name: root@example.com}\n";
+    let auth = oidc_auth(&[&signer], bindings);
+    let alice = person("alice@example.com", serde_json::json!(["platform", "dev"]));
+    let principal = call(&auth, &signer.sign(&alice)).await.unwrap();
+    assert_eq!(principal, Principal { subject: "alice@example.com".into(), role: Role::Editor });
+    // A single group as a string.
+    let bob = person("bob@example.com", serde_json::json!("platform"));
+    assert_eq!(call(&auth, &signer.sign(&bob)).await.unwrap().role, Role::Editor);
+    let root = person("root@example.com", serde_json::json!([]));
+    assert_eq!(call(&auth, &signer.sign(&root)).await.unwrap().role, Role::Admin);
+    // No binding: denied. A group without the prefix does not match.
+    let carol = person("carol@example.com", serde_json::json!(["idp:platform-x"]));
+    let denied = call(&auth, &signer.sign(&carol)).await.unwrap_err();
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+}
+
+#[tokio::test]
+async fn oidc_tokens_cannot_claim_cluster_names_or_unverified_emails() {
+    let signer = Signer::new("idp-1");
+    let bindings = "bindings:\n  - role: admin\n    subjects:\n      - {kind: Group, name: 'system:masters'}\n";
+    let auth = oidc_auth(&[&signer], bindings);
+    let mut unverified = person("eve@example.com", serde_json::json!([]));
+    unverified["email_verified"] = false.into();
+    assert!(refused(&auth, &signer.sign(&unverified)).await.contains("not verified"));
+    let posing = person("system:serviceaccount:gantry:gateway-reconciler", serde_json::json!([]));
+    assert!(refused(&auth, &signer.sign(&posing)).await.contains("reserved"));
+    let mut no_email = person("x", serde_json::json!([]));
+    no_email.as_object_mut().unwrap().remove("email");
+    assert!(refused(&auth, &signer.sign(&no_email)).await.contains("no email claim"));
+    let mut wrong_audience = person("eve@example.com", serde_json::json!([]));
+    wrong_audience["aud"] = "gantry".into();
+    assert!(refused(&auth, &signer.sign(&wrong_audience)).await.contains("audience"));
+    let mut bad_groups = person("eve@example.com", serde_json::json!([1, 2]));
+    bad_groups["email"] = "eve@example.com".into();
+    assert!(refused(&auth, &signer.sign(&bad_groups)).await.contains("groups"));
+}
