@@ -30,7 +30,7 @@ pub enum KeySource {
     ApiServer(kube::Client),
     /// An OIDC provider: `{issuer}/.well-known/openid-configuration`
     /// must name `issuer` exactly and gives `jwks_uri`.
-    Discovery { issuer: String, https: HttpsGet },
+    Discovery { issuer: String, https: Box<HttpsGet> },
     /// A fixed issuer and key set (tests of the rules below).
     Fixed { issuer: String, keys: JwkSet },
 }

@@ -38,7 +38,8 @@ pub fn issuer(settings: &OidcSettings) -> Result<Issuer, String> {
         groups_claim: settings.groups_claim.clone(),
         groups_prefix: settings.groups_prefix.clone(),
     };
-    let source = KeySource::Discovery { issuer: settings.issuer_url.clone(), https };
+    let source =
+        KeySource::Discovery { issuer: settings.issuer_url.clone(), https: Box::new(https) };
     Ok(Issuer::new(AUTHENTICATOR, source, vec![settings.client_id.clone()], claims))
 }
 
