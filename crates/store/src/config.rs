@@ -219,6 +219,14 @@ pub struct TlsArgs {
     /// PEM private key matching --tls-cert.
     #[arg(long, env = "GANTRY_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+
+    /// PEM CA certificate(s) for client certificates: a client that
+    /// presents one signed by it is the certificate's subject (CN the user,
+    /// each O a group; roles from --role-bindings-file); an unsigned or
+    /// expired one is refused at the handshake. Clients without one still
+    /// connect (and present tokens).
+    #[arg(long, env = "GANTRY_CLIENT_CA", requires = "tls_cert")]
+    pub client_ca: Option<PathBuf>,
 }
 
 impl Config {

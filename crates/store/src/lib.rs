@@ -39,7 +39,7 @@ pub mod writer;
 
 pub use error::ServeError;
 pub use server::{serve, MAX_REQUEST_BYTES, MAX_RESPONSE_BYTES};
-pub use settings::{open_storage, settings_from_config, Limits, Settings, WatchSettings};
+pub use settings::{open_storage, settings_from_config, Limits, Settings, Tls, WatchSettings};
 
 use std::future::Future;
 

@@ -191,9 +191,14 @@ fn grpc_server(
         .layer(ActiveCallsLayer::new(connections.clone()))
         .http2_keepalive_interval(Some(limits.keepalive.0))
         .http2_keepalive_timeout(Some(limits.keepalive.1));
-    if let Some((cert, key)) = &settings.tls {
-        builder =
-            builder.tls_config(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)))?;
+    if let Some(tls) = &settings.tls {
+        let mut config = ServerTlsConfig::new().identity(Identity::from_pem(&tls.cert, &tls.key));
+        if let Some(ca) = &tls.client_ca {
+            config = config
+                .client_ca_root(tonic::transport::Certificate::from_pem(ca))
+                .client_auth_optional(true);
+        }
+        builder = builder.tls_config(config)?;
     }
     let router = builder
         .add_service(health)

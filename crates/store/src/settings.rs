@@ -19,10 +19,21 @@ use crate::storage::{
 pub struct Settings {
     pub storage: Arc<dyn Storage>,
     pub auth: Arc<Auth>,
-    /// PEM certificate chain and key.
-    pub tls: Option<(Vec<u8>, Vec<u8>)>,
+    pub tls: Option<Tls>,
     pub watch: WatchSettings,
     pub limits: Limits,
+}
+
+/// TLS on the gRPC listener.
+#[derive(Debug, Clone)]
+pub struct Tls {
+    /// PEM certificate chain.
+    pub cert: Vec<u8>,
+    /// PEM private key.
+    pub key: Vec<u8>,
+    /// PEM CA certificate(s) that client certificates are verified against
+    /// (`--client-ca`); clients without a certificate still connect.
+    pub client_ca: Option<Vec<u8>>,
 }
 
 /// What one client can take of the server.
@@ -108,9 +119,16 @@ pub async fn open_storage(url: &str) -> Result<Arc<dyn Storage>, StorageError> {
 /// Builds [`Settings`] from flags: reads the tokens and TLS files and opens
 /// the database (creating the data directory for SQLite).
 pub async fn settings_from_config(config: &Config) -> Result<Settings, ServeError> {
-    let auth = auth_from_config(&config.auth).await?;
+    let mut auth = auth_from_config(&config.auth).await?;
+    if config.tls.client_ca.is_some() {
+        auth = auth.with_client_certificates();
+    }
     let tls = match (&config.tls.tls_cert, &config.tls.tls_key) {
-        (Some(cert), Some(key)) => Some((read("TLS certificate", cert)?, read("TLS key", key)?)),
+        (Some(cert), Some(key)) => Some(Tls {
+            cert: read("TLS certificate", cert)?,
+            key: read("TLS key", key)?,
+            client_ca: config.tls.client_ca.as_deref().map(|p| read("client CA", p)).transpose()?,
+        }),
         _ => None,
     };
     if config.database_url.is_none() {

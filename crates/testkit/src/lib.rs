@@ -28,7 +28,7 @@ mod services;
 pub mod wait;
 
 pub use calls::{replay_creations, wait_for_gateway, Gateways};
-pub use certs::server_certificate;
+pub use certs::{server_certificate, TestCa};
 pub use db::{Backend, TestDatabase};
 pub use env::{
     binary, free_port, in_ci, kill_after, skipped, temp_dir, without_test_cargo_env, workspace_root,

@@ -1,7 +1,12 @@
 //! Who is calling, and with which role.
 //!
-//! A call's `authorization: Bearer T` is checked by the authenticators
-//! configured, in this order:
+//! A call is checked by the authenticators configured, in this order (the
+//! Kubernetes API server's):
+//!
+//! 0. a client certificate the TLS handshake verified against
+//!    `--client-ca` ([`x509`]): its CN is the user, each O a group;
+//!
+//! then its `authorization: Bearer T`:
 //!
 //! 1. the static tokens file ([`tokens`]): the line names the subject and
 //!    its role;
@@ -26,6 +31,7 @@ pub mod jwt;
 pub mod oidc;
 pub mod service_account;
 pub mod tokens;
+pub mod x509;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -34,6 +40,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use gantry_core::Role;
+use rustls::pki_types::CertificateDer;
 use sha2::Digest as _;
 use tonic::metadata::MetadataMap;
 use tonic::Status;
@@ -51,6 +58,26 @@ pub const TOKENS_FILE: &str = "tokens-file";
 pub const VERIFIED_FOR: Duration = Duration::from_secs(10);
 /// The most verified tokens remembered at once.
 const VERIFIED_MAX: usize = 10_000;
+
+/// What a call presents.
+#[derive(Debug, Clone, Copy)]
+pub struct Credentials<'a> {
+    pub metadata: &'a MetadataMap,
+    /// The client certificate chain the TLS handshake verified, leaf
+    /// first.
+    pub certificates: Option<&'a [CertificateDer<'static>]>,
+}
+
+impl<'a> Credentials<'a> {
+    /// A call that presents only metadata.
+    pub fn metadata(metadata: &'a MetadataMap) -> Self {
+        Self { metadata, certificates: None }
+    }
+
+    fn client_certificate(&self) -> Option<&'a [u8]> {
+        self.certificates.and_then(|chain| chain.first()).map(|c| c.as_ref())
+    }
+}
 
 /// Who is calling, with the role the handlers check.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,6 +116,7 @@ pub struct Auth {
     bindings_path: Option<PathBuf>,
     issuers: Vec<Issuer>,
     reviewer: Option<TokenReviewer>,
+    client_certificates: bool,
     verified: Mutex<HashMap<[u8; 32], Remembered>>,
     reloads: tokio::sync::watch::Sender<u64>,
 }
@@ -123,6 +151,7 @@ impl Auth {
             bindings_path: None,
             issuers: Vec::new(),
             reviewer: None,
+            client_certificates: false,
             verified: Mutex::new(HashMap::new()),
             reloads: tokio::sync::watch::channel(0).0,
         }
@@ -144,6 +173,12 @@ impl Auth {
     /// Checks service-account tokens with the API server too.
     pub fn with_token_review(mut self, reviewer: TokenReviewer) -> Self {
         self.reviewer = Some(reviewer);
+        self
+    }
+
+    /// Takes verified client certificates as identities (`--client-ca`).
+    pub fn with_client_certificates(mut self) -> Self {
+        self.client_certificates = true;
         self
     }
 
@@ -169,12 +204,15 @@ impl Auth {
     /// authenticator vouches for its token, PERMISSION_DENIED when one does
     /// but no binding gives the identity a role, UNAVAILABLE when the
     /// API server could not review a service-account token.
-    pub async fn authenticate(&self, metadata: &MetadataMap) -> Result<Principal, Status> {
+    pub async fn authenticate(&self, call: &Credentials<'_>) -> Result<Principal, Status> {
         let tokens = self.tokens();
         if matches!(*tokens, Authenticator::Unauthenticated) {
             return Ok(Principal { subject: "anonymous".into(), role: Role::Admin });
         }
-        let token = bearer(metadata)?;
+        if let Some((identity, _)) = self.certificate_identity(call)? {
+            return self.bind(identity);
+        }
+        let token = bearer(call.metadata)?;
         if let Some(found) = tokens.lookup(token) {
             return found;
         }
@@ -185,6 +223,20 @@ impl Auth {
             }
         }
         Err(unauthenticated("unknown bearer token; check the token your client sends".into()))
+    }
+
+    /// The identity of the call's verified client certificate, if it has
+    /// one and certificates are taken.
+    fn certificate_identity(
+        &self,
+        call: &Credentials<'_>,
+    ) -> Result<Option<(Identity, SystemTime)>, Status> {
+        match call.client_certificate().filter(|_| self.client_certificates) {
+            Some(der) => x509::identity(der).map(Some).map_err(|reason| {
+                unauthenticated(format!("{} certificate refused: {reason}", x509::AUTHENTICATOR))
+            }),
+            None => Ok(None),
+        }
     }
 
     async fn verify(&self, token: &str, iss: &str) -> Result<Identity, Status> {
@@ -261,8 +313,11 @@ impl Auth {
 
     /// Who the call's token belongs to and which authenticator said so, as
     /// far as is known without verifying it again (for refusal logs).
-    pub fn describe(&self, metadata: &MetadataMap) -> Option<(String, &'static str)> {
-        let token = bearer(metadata).ok()?;
+    pub fn describe(&self, call: &Credentials<'_>) -> Option<(String, &'static str)> {
+        if let Ok(Some((identity, _))) = self.certificate_identity(call) {
+            return Some((identity.user, identity.authenticator));
+        }
+        let token = bearer(call.metadata).ok()?;
         if let Some(Ok(principal)) = self.tokens().lookup(token) {
             return Some((principal.subject, TOKENS_FILE));
         }
@@ -271,9 +326,12 @@ impl Auth {
         verified.get(&digest).map(|r| (r.identity.user.clone(), r.identity.authenticator))
     }
 
-    /// When the token in `metadata` expires, if that is known.
-    pub fn expires(&self, metadata: &MetadataMap) -> Option<SystemTime> {
-        let token = bearer(metadata).ok()?;
+    /// When the call's certificate or token expires, if that is known.
+    pub fn expires(&self, call: &Credentials<'_>) -> Option<SystemTime> {
+        if let Ok(Some((_, expires))) = self.certificate_identity(call) {
+            return Some(expires);
+        }
+        let token = bearer(call.metadata).ok()?;
         if let Some(at) = self.tokens().expires(token) {
             return Some(at);
         }

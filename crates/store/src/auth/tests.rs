@@ -48,7 +48,7 @@ fn metadata(value: &str) -> MetadataMap {
 }
 
 async fn call(auth: &Auth, token: &str) -> Result<Principal, Status> {
-    auth.authenticate(&metadata(&format!("Bearer {token}"))).await
+    auth.authenticate(&Credentials::metadata(&metadata(&format!("Bearer {token}")))).await
 }
 
 async fn refused(auth: &Auth, token: &str) -> String {
@@ -65,9 +65,10 @@ async fn a_service_account_token_gets_the_role_its_binding_gives() {
     let principal = call(&auth, &token).await.unwrap();
     assert_eq!(principal, Principal { subject: RECONCILER.into(), role: Role::Reconciler });
     // Remembered: a refusal log can name it without verifying again.
-    let described = auth.describe(&metadata(&format!("Bearer {token}")));
+    let described = auth.describe(&Credentials::metadata(&metadata(&format!("Bearer {token}"))));
     assert_eq!(described, Some((RECONCILER.to_string(), "service-account")));
-    let expires = auth.expires(&metadata(&format!("Bearer {token}"))).unwrap();
+    let expires =
+        auth.expires(&Credentials::metadata(&metadata(&format!("Bearer {token}")))).unwrap();
     assert!(expires > SystemTime::now() + Duration::from_secs(500));
 }
 
@@ -163,10 +164,10 @@ async fn static_tokens_still_work_and_header_mistakes_are_unauthenticated() {
     let alice = call(&auth, "viewer-token-0123456789").await.unwrap();
     assert_eq!(alice, Principal { subject: "alice".into(), role: Role::Viewer });
     for bad in ["Bearer nope-nope-nope-nope", "Basic abc", "viewer-token-0123456789"] {
-        let status = auth.authenticate(&metadata(bad)).await.unwrap_err();
+        let status = auth.authenticate(&Credentials::metadata(&metadata(bad))).await.unwrap_err();
         assert_eq!(status.code(), Code::Unauthenticated, "{bad}");
     }
-    let missing = auth.authenticate(&MetadataMap::new()).await.unwrap_err();
+    let missing = auth.authenticate(&Credentials::metadata(&MetadataMap::new())).await.unwrap_err();
     assert_eq!(missing.code(), Code::Unauthenticated);
     // Without issuers a JWT is just an unknown token.
     let jwt = Signer::new("k1").sign(&claims());

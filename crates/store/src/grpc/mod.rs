@@ -37,7 +37,7 @@ use prost_types::Timestamp;
 use tonic::{Request, Response, Status};
 
 use self::watch::WatchStream;
-use crate::auth::{Auth, Principal};
+use crate::auth::{Auth, Credentials, Principal};
 use crate::storage::Storage;
 use crate::watch::stream::WatchContext;
 use crate::writer::Writer;
@@ -62,7 +62,12 @@ impl GatewayApi {
     }
 
     async fn authenticate<T>(&self, request: &Request<T>) -> Result<Principal, Status> {
-        self.auth.authenticate(request.metadata()).await
+        let certificates = request.peer_certs();
+        let call = Credentials {
+            metadata: request.metadata(),
+            certificates: certificates.as_deref().map(Vec::as_slice),
+        };
+        self.auth.authenticate(&call).await
     }
 }
 
@@ -120,10 +125,11 @@ impl GatewayService for GatewayApi {
         request: Request<WatchGatewaysRequest>,
     ) -> Result<Response<Self::WatchGatewaysStream>, Status> {
         let principal = self.authenticate(&request).await?;
-        let metadata = request.metadata().clone();
+        let (metadata, certificates) = (request.metadata().clone(), request.peer_certs());
         let request = request.into_inner();
         tracing::debug!(subject = %principal.subject, from = request.resource_version, "watch started");
         let stream = watch::start(self.watch.clone(), &request).await?;
-        Ok(Response::new(watch::while_authenticated(stream, self.auth.clone(), metadata)))
+        let caller = watch::Caller { metadata, certificates };
+        Ok(Response::new(watch::while_authenticated(stream, self.auth.clone(), caller)))
     }
 }

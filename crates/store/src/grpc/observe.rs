@@ -27,7 +27,7 @@ use tracing::Instrument;
 
 use super::errors::too_large_is_resource_exhausted;
 use super::rate_limit::RateLimit;
-use crate::auth::Auth;
+use crate::auth::{Auth, Credentials};
 use crate::metrics::Metrics;
 
 /// Refusal log lines written per second at most.
@@ -150,8 +150,11 @@ impl ObserveLayer {
             Code::Unauthenticated | Code::PermissionDenied => {
                 if let Some(suppressed) = self.refusals.admit() {
                     let peer = caller.peer.map(|p| p.to_string()).unwrap_or_default();
-                    let (subject, authenticator) =
-                        self.auth.describe(&caller.authorization).unwrap_or_default();
+                    let call = Credentials {
+                        metadata: &caller.authorization,
+                        certificates: caller.certificates.as_deref().map(Vec::as_slice),
+                    };
+                    let (subject, authenticator) = self.auth.describe(&call).unwrap_or_default();
                     tracing::info!(method, code = ?status.code(), error = status.message(), peer, subject, authenticator, suppressed, "request refused");
                 }
             }
@@ -167,6 +170,8 @@ struct Caller {
     /// The call's `authorization` metadata, looked up again only when a
     /// refusal is logged (not on every call).
     authorization: MetadataMap,
+    /// The client certificate chain the TLS handshake verified.
+    certificates: Option<Arc<Vec<rustls::pki_types::CertificateDer<'static>>>>,
     /// The caller's trace (W3C `traceparent`), parent of this call's span.
     parent: gantry_runtime::Context,
 }
@@ -180,7 +185,16 @@ impl Caller {
         }
         let authorization = MetadataMap::from_headers(only_authorization);
         let parent = gantry_runtime::extract(headers);
-        Caller { peer: super::conn::peer_of(request.extensions()), authorization, parent }
+        let certificates = request
+            .extensions()
+            .get::<tonic::transport::server::TlsConnectInfo<tonic::transport::server::TcpConnectInfo>>()
+            .and_then(|info| info.peer_certs());
+        Caller {
+            peer: super::conn::peer_of(request.extensions()),
+            authorization,
+            certificates,
+            parent,
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use tokio_stream::{Stream, StreamExt as _};
 use tonic::{Code, Status};
 
 use super::errors::{invalid, rule_status, storage_status, with_reason};
-use crate::auth::Auth;
+use crate::auth::{Auth, Credentials};
 use crate::watch::filter::Filter;
 use crate::watch::stream::{self, Params, WatchContext, WatchEnd};
 
@@ -80,21 +80,36 @@ fn end_status(end: WatchEnd) -> Status {
     )
 }
 
+/// What the call that opened a watch presented, kept to check it again.
+pub(super) struct Caller {
+    pub metadata: tonic::metadata::MetadataMap,
+    pub certificates: Option<Arc<Vec<rustls::pki_types::CertificateDer<'static>>>>,
+}
+
+impl Caller {
+    fn credentials(&self) -> Credentials<'_> {
+        Credentials {
+            metadata: &self.metadata,
+            certificates: self.certificates.as_deref().map(Vec::as_slice),
+        }
+    }
+}
+
 /// Ends `stream` with UNAUTHENTICATED once the token that opened it
 /// expires or is removed from the tokens file (or PERMISSION_DENIED once
 /// its binding is).
 pub(super) fn while_authenticated(
     stream: WatchStream,
     auth: Arc<Auth>,
-    metadata: tonic::metadata::MetadataMap,
+    caller: Caller,
 ) -> WatchStream {
     let reloads = auth.reloads();
-    let state = Some((stream, reloads, auth, metadata));
+    let state = Some((stream, reloads, auth, caller));
     Box::pin(futures_util::stream::unfold(state, |state| async move {
-        let (mut stream, mut reloads, auth, metadata) = state?;
+        let (mut stream, mut reloads, auth, caller) = state?;
         loop {
             let expires = auth
-                .expires(&metadata)
+                .expires(&caller.credentials())
                 .map(|at| at.duration_since(std::time::SystemTime::now()).unwrap_or_default());
             let expiry = async {
                 match expires {
@@ -104,12 +119,12 @@ pub(super) fn while_authenticated(
             };
             tokio::select! {
                 item = tokio_stream::StreamExt::next(&mut stream) => {
-                    return item.map(|item| (item, Some((stream, reloads, auth, metadata))));
+                    return item.map(|item| (item, Some((stream, reloads, auth, caller))));
                 }
                 _ = reloads.changed() => {}
                 () = expiry => {}
             }
-            if let Err(status) = auth.authenticate(&metadata).await {
+            if let Err(status) = auth.authenticate(&caller.credentials()).await {
                 tracing::info!(
                     message = status.message(),
                     "watch ended: its token is no longer valid"
