@@ -197,6 +197,66 @@ fn config_view_set_context_and_where_the_config_lives() {
     let _ = std::fs::remove_dir_all(home);
 }
 
+#[test]
+fn contexts_take_a_token_file_or_a_command_as_kubeconfig_does() {
+    let tokens = "file-token-0000000000001,from-file,editor\ncommand-token-00000000001,from-command,viewer\n";
+    let home = temp_dir("ctl-credentials");
+    let tokens_file = home.join("tokens.csv");
+    std::fs::write(&tokens_file, tokens).unwrap();
+    let store =
+        CtlStore::start("ctl-credentials", &["--tokens-file", tokens_file.to_str().unwrap()]);
+    let env = [("HOME", home.as_path())];
+    let server = store.server();
+    let set = |args: &[&str]| ok(ctl_env(&env, &[&["config", "set-context"], args].concat()));
+
+    // A token file (a projected token, say), read when used: rotating it
+    // needs no config change.
+    let file = home.join("token");
+    std::fs::write(&file, "file-token-0000000000001\n").unwrap();
+    set(&["files", "--server", &server, "--token-file", file.to_str().unwrap(), "--current"]);
+    // The editor's token creates; the file changed to the viewer's, the
+    // next command is the viewer.
+    ok(ctl_env(&env, &["create", "edge", "--image", "x:1"]));
+    std::fs::write(&file, "command-token-00000000001\n").unwrap();
+    let (_, stderr) = exits(1, ctl_env(&env, &["create", "other", "--image", "x:1"]));
+    assert!(stderr.contains("not allowed") && stderr.contains("role viewer"), "{stderr}");
+
+    // A command printing an ExecCredential, as kubectl's exec plugins do,
+    // and one printing the token alone.
+    let credential = r#"{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"command-token-00000000001"}}"#;
+    let script = home.join("credential.sh");
+    std::fs::write(&script, format!("#!/bin/sh\nprintf '%s' '{credential}'\n")).unwrap();
+    let bare = home.join("bare.sh");
+    std::fs::write(&bare, "#!/bin/sh\necho file-token-0000000000001\n").unwrap();
+    let failing = home.join("failing.sh");
+    std::fs::write(&failing, "#!/bin/sh\necho 'login expired' >&2\nexit 3\n").unwrap();
+    for path in [&script, &bare, &failing] {
+        assert!(Command::new("chmod").arg("+x").arg(path).status().unwrap().success());
+    }
+    set(&[
+        "exec",
+        "--server",
+        &server,
+        "--token-command",
+        &format!("sh {}", script.display()),
+        "--current",
+    ]);
+    assert_eq!(ok(ctl_env(&env, &["get", "-o", "name"])), "gateway/edge\n");
+    let (_, stderr) = exits(1, ctl_env(&env, &["delete", "edge"]));
+    assert!(stderr.contains("role viewer"), "the viewer's token: {stderr}");
+    set(&["exec", "--token-command", bare.to_str().unwrap()]);
+    ok(ctl_env(&env, &["delete", "edge"]));
+    set(&["exec", "--token-command", failing.to_str().unwrap()]);
+    let (_, stderr) = exits(1, ctl_env(&env, &["get"]));
+    assert!(stderr.contains("token_command") && stderr.contains("failed"), "{stderr}");
+    assert!(stderr.contains("login expired"), "the command's own stderr is shown: {stderr}");
+    // `config view` hides the command's arguments (they may hold secrets).
+    set(&["exec", "--token-command", "kubectl oidc-login get-token --oidc-client-secret=s3cret"]);
+    let view = ok(ctl_env(&env, &["config", "view"]));
+    assert!(!view.contains("s3cret") && view.contains("kubectl"), "{view}");
+    let _ = std::fs::remove_dir_all(home);
+}
+
 /// The shells whose completion functions are driven; `None` (skipped
 /// outside CI) when one is missing.
 fn shells() -> Option<()> {

@@ -24,6 +24,15 @@ pub struct Context {
     pub server: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    /// File holding the bearer token, read when used (kubeconfig's
+    /// `tokenFile`: a projected service-account token, for one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+    /// Command (program and arguments) that prints the bearer token: an
+    /// `ExecCredential` as kubectl's exec plugins print it (`kubectl
+    /// oidc-login get-token ...`), or the token alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub token_command: Vec<String>,
     /// Path of a PEM CA certificate for an https:// server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca: Option<PathBuf>,
@@ -35,6 +44,8 @@ impl std::fmt::Debug for Context {
             .field("name", &self.name)
             .field("server", &self.server)
             .field("token", &self.token.as_ref().map(|_| "***"))
+            .field("token_file", &self.token_file)
+            .field("token_command", &self.token_command)
             .field("ca", &self.ca)
             .finish()
     }

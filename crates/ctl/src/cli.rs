@@ -29,6 +29,9 @@ pub struct Cli {
     /// Bearer token (overrides the context).
     #[arg(long, env = "GANTRY_TOKEN", global = true, hide_env_values = true)]
     pub token: Option<String>,
+    /// File holding the bearer token (overrides the context).
+    #[arg(long, env = "GANTRY_TOKEN_FILE", global = true)]
+    pub token_file: Option<PathBuf>,
     /// PEM CA certificate for an https:// server (overrides the context).
     #[arg(long, env = "GANTRY_CA", global = true)]
     pub ca: Option<PathBuf>,
@@ -282,7 +285,7 @@ pub enum ConfigCommand {
     },
     /// Create a context or change its fields (an empty value clears one).
     #[command(
-        after_help = "Examples:\n  gatewayctl config set-context prod --server https://gateway-store:50051 --ca ca.pem --token T --current\n  gatewayctl config set-context prod --token ''"
+        after_help = "Examples:\n  gatewayctl config set-context prod --server https://gateway-store:50051 --ca ca.pem --token T --current\n  gatewayctl config set-context prod --token ''\n  gatewayctl config set-context prod --token-command 'kubectl create token alice --audience gantry'\n  gatewayctl config set-context sso --token-command 'kubectl oidc-login get-token --oidc-issuer-url=https://idp --oidc-client-id=gantry'"
     )]
     SetContext {
         /// The context's name (the current one with --current and no name).
@@ -294,6 +297,13 @@ pub enum ConfigCommand {
         /// Bearer token.
         #[arg(long)]
         token: Option<String>,
+        /// File holding the bearer token, read when used.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// Command printing the bearer token or an ExecCredential (split at
+        /// spaces; edit the config file for arguments with spaces).
+        #[arg(long)]
+        token_command: Option<String>,
         /// PEM CA certificate for an https:// server.
         #[arg(long)]
         ca: Option<PathBuf>,

@@ -39,6 +39,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CtlError> {
     let flags = config::Overrides {
         server: cli.server.clone(),
         token: cli.token.clone(),
+        token_file: cli.token_file.clone(),
         ca: cli.ca.clone(),
         context: cli.context.clone(),
     };
@@ -141,7 +142,15 @@ fn config_cmd(
         ConfigCommand::UseContext { name } => config::use_context(file, path, &name, out),
         ConfigCommand::CurrentContext => config::current_context(&file, path, out),
         ConfigCommand::View { raw } => config::view(&file, raw, out),
-        ConfigCommand::SetContext { name, server, token, ca, current } => {
+        ConfigCommand::SetContext {
+            name,
+            server,
+            token,
+            token_file,
+            token_command,
+            ca,
+            current,
+        } => {
             let name = match (name, current) {
                 (Some(name), _) => name,
                 (None, true) if !file.current_context.is_empty() => file.current_context.clone(),
@@ -151,7 +160,14 @@ fn config_cmd(
                     ))
                 }
             };
-            let change = config::ContextChange { server, token, ca, use_it: current };
+            let change = config::ContextChange {
+                server,
+                token,
+                token_file,
+                token_command,
+                ca,
+                use_it: current,
+            };
             config::set_context(file, path, &name, change, out)
         }
     }

@@ -38,6 +38,7 @@ pub fn gateways() -> Vec<CompletionCandidate> {
     let flags = Overrides {
         server: env("GANTRY_SERVER"),
         token: env("GANTRY_TOKEN"),
+        token_file: env("GANTRY_TOKEN_FILE").map(PathBuf::from),
         ca: env("GANTRY_CA").map(PathBuf::from),
         context: env("GANTRY_CONTEXT"),
     };

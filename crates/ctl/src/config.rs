@@ -62,6 +62,12 @@ pub fn view(file: &ConfigFile, raw: bool, out: &mut impl std::io::Write) -> Resu
             if context.token.is_some() {
                 context.token = Some("REDACTED".into());
             }
+            // A command's arguments may hold secrets too.
+            if let [program, rest @ ..] = &context.token_command[..] {
+                if !rest.is_empty() {
+                    context.token_command = vec![program.clone(), "REDACTED".into()];
+                }
+            }
         }
     }
     let text = serde_saphyr::to_string(&shown).map_err(|e| CtlError::Message(e.to_string()))?;
@@ -74,6 +80,9 @@ pub fn view(file: &ConfigFile, raw: bool, out: &mut impl std::io::Write) -> Resu
 pub struct ContextChange {
     pub server: Option<String>,
     pub token: Option<String>,
+    pub token_file: Option<PathBuf>,
+    /// A command line, split at spaces.
+    pub token_command: Option<String>,
     pub ca: Option<PathBuf>,
     /// Make it the current context.
     pub use_it: bool,
@@ -105,6 +114,12 @@ pub fn set_context(
     if let Some(token) = change.token {
         context.token = Some(token).filter(|t| !t.is_empty());
     }
+    if let Some(file) = change.token_file {
+        context.token_file = Some(file).filter(|f| !f.as_os_str().is_empty());
+    }
+    if let Some(command) = change.token_command {
+        context.token_command = command.split_whitespace().map(str::to_string).collect();
+    }
     if let Some(ca) = change.ca {
         context.ca = Some(ca).filter(|c| !c.as_os_str().is_empty());
     }
@@ -126,6 +141,7 @@ pub fn set_context(
 pub struct Overrides {
     pub server: Option<String>,
     pub token: Option<String>,
+    pub token_file: Option<PathBuf>,
     pub ca: Option<PathBuf>,
     pub context: Option<String>,
 }
@@ -152,7 +168,7 @@ pub fn connect(flags: &Overrides, file: &ConfigFile, path: &Path) -> Result<Ctl,
             ))
             },
         )?;
-    let token = flags.token.clone().or_else(|| context.as_ref().and_then(|c| c.token.clone()));
+    let (token, token_file) = credential(flags, context.as_ref())?;
     let ca_path = flags.ca.clone().or_else(|| context.as_ref().and_then(|c| c.ca.clone()));
     let ca_pem = match ca_path {
         Some(p) => Some(
@@ -164,12 +180,33 @@ pub fn connect(flags: &Overrides, file: &ConfigFile, path: &Path) -> Result<Ctl,
     let client = gantry_client::ClientConfig {
         endpoint: server.clone(),
         token,
+        token_file,
         ca_pem,
         ..Default::default()
     }
     .connect_lazy()
     .map_err(|e| CtlError::Message(e.to_string()))?;
     Ok(Ctl { client, server })
+}
+
+/// The bearer token (or the file holding it) the first of these gives:
+/// `--token`, `--token-file`, the context's `token`, `token_file`,
+/// `token_command`.
+fn credential(
+    flags: &Overrides,
+    context: Option<&Context>,
+) -> Result<(Option<String>, Option<PathBuf>), CtlError> {
+    if flags.token.is_some() || flags.token_file.is_some() {
+        return Ok((flags.token.clone(), flags.token_file.clone()));
+    }
+    let Some(context) = context else { return Ok((None, None)) };
+    if context.token.is_some() || context.token_file.is_some() {
+        return Ok((context.token.clone(), context.token_file.clone()));
+    }
+    if context.token_command.is_empty() {
+        return Ok((None, None));
+    }
+    crate::credential::token_from_command(&context.token_command).map(|t| (Some(t), None))
 }
 
 #[cfg(test)]
@@ -185,13 +222,13 @@ mod tests {
             name: "local".into(),
             server: "http://127.0.0.1:50051".into(),
             token: Some("t".into()),
-            ca: None,
+            ..Default::default()
         });
         config.upsert(Context {
             name: "prod".into(),
             server: "https://store:50051".into(),
-            token: None,
             ca: Some("/ca.pem".into()),
+            ..Default::default()
         });
         config.save(&path).unwrap();
         let loaded = ConfigFile::load(&path).unwrap();

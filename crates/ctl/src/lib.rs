@@ -11,6 +11,7 @@ pub mod cli;
 pub mod commands;
 pub mod completion;
 pub mod config;
+mod credential;
 pub mod ctl;
 pub mod errors;
 pub mod local;

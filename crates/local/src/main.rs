@@ -171,7 +171,7 @@ async fn main() -> anyhow::Result<()> {
         name: "local".into(),
         server: server.clone(),
         token: Some(admin.clone()),
-        ca: None,
+        ..Default::default()
     });
     file.save(&ctl_config).map_err(anyhow::Error::msg)?;
 
