@@ -276,11 +276,11 @@ fn metric(store: &StoreProcess, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
 }
 
-/// Opens `n` TCP connections that never send a byte.
-async fn idle_sockets(store: &StoreProcess, n: usize) -> Vec<tokio::net::TcpStream> {
+/// Opens `n` TCP connections to `port` that never send a byte.
+async fn idle_sockets(port: u16, n: usize) -> Vec<tokio::net::TcpStream> {
     let mut sockets = Vec::new();
     for _ in 0..n {
-        sockets.push(tokio::net::TcpStream::connect(("127.0.0.1", store.grpc)).await.unwrap());
+        sockets.push(tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap());
     }
     sockets
 }
@@ -339,7 +339,7 @@ async fn idle_connections_past_the_limits_neither_stop_nor_spin_the_store() {
             .await
             .unwrap();
 
-        let flood = idle_sockets(&store, 300).await;
+        let flood = idle_sockets(store.grpc, 300).await;
         let pid = store.pid().unwrap();
         let (cpu_before, started) = (cpu_time(pid), std::time::Instant::now());
         let mut slowest = Duration::ZERO;
@@ -631,6 +631,60 @@ async fn an_update_of_unknown_outcome_is_resolved_by_reading_back_and_applied_on
     let meta = stored.metadata.unwrap();
     assert_eq!(meta.generation, created.generation + 1, "the change was applied exactly once");
     assert_eq!(meta.resource_version, created.resource_version + 1);
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// One request on an open HTTP/1.1 connection; the status line.
+async fn keep_alive_get(stream: &mut tokio::net::TcpStream, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let request = format!("GET {path} HTTP/1.1\r\nHost: store\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    // The head and a body of a known length.
+    let complete = |answer: &[u8]| {
+        let text = String::from_utf8_lossy(answer);
+        let Some((head, body)) = text.split_once("\r\n\r\n") else { return false };
+        let length = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string())
+            })
+            .and_then(|v| v.parse::<usize>().ok());
+        length.is_some_and(|n| body.len() >= n)
+    };
+    while !complete(&answer) {
+        let n = tokio::time::timeout(Duration::from_secs(30), stream.read(&mut buf))
+            .await
+            .expect("an answer")
+            .unwrap();
+        assert!(n > 0, "the connection was closed: {}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&answer).lines().next().unwrap_or_default().to_string()
+}
+
+/// The admin port under a flood of 2,000 connections that never send a
+/// request: a new probe is answered, a scraper's keep-alive connection
+/// that has sent a request is not evicted for them, and every idle
+/// connection is closed within a minute (the defaults: 512 connections, 10 s to send a
+/// request head, the oldest idle one evicted for a new one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_port_answers_probes_under_a_flood_of_idle_connections() {
+    let (dir, _, store, _) = sqlite_store("admin-flood", &[]);
+    let mut scraper = tokio::net::TcpStream::connect(("127.0.0.1", store.http)).await.unwrap();
+    assert_eq!(keep_alive_get(&mut scraper, "/metrics").await, "HTTP/1.1 200 OK");
+
+    let flood = idle_sockets(store.http, 2000).await;
+    let probe = gantry_testkit::fetch(store.http, "/readyz").await.unwrap_or_default();
+    assert!(probe.starts_with("HTTP/1.1 200"), "the probe under the flood: {probe:?}");
+    assert_eq!(keep_alive_get(&mut scraper, "/readyz").await, "HTTP/1.1 200 OK");
+    closed_by_the_store(flood, Duration::from_secs(60)).await;
+    // And afterwards, all is as before. (A keep-alive connection idle for
+    // the header timeout is closed too: the scraper reconnects.)
+    let probe = gantry_testkit::fetch(store.http, "/readyz").await.unwrap_or_default();
+    assert!(probe.starts_with("HTTP/1.1 200"), "{probe:?}");
     drop(store);
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -49,6 +49,9 @@ pub struct Config {
 
     #[command(flatten)]
     pub log: gantry_runtime::LogArgs,
+
+    #[command(flatten)]
+    pub admin: gantry_runtime::admin::AdminArgs,
 }
 
 /// How to reach gateway-store.

@@ -51,8 +51,6 @@ pub enum RunError {
     Kubeconfig(String),
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: String, source: std::io::Error },
-    #[error("HTTP server: {0}")]
-    Http(std::io::Error),
     #[error("invalid flags: {0}")]
     Flags(String),
 }
@@ -168,8 +166,12 @@ pub async fn run(
         .await
         .map_err(|source| RunError::Bind { addr: config.http_listen.to_string(), source })?;
     let shutdown = gantry_runtime::Shutdown::on(shutdown);
-    let http = axum::serve(listener, gantry_runtime::admin::router(controller.state()))
-        .with_graceful_shutdown(shutdown.wait());
+    let http = gantry_runtime::admin::serve(
+        listener,
+        gantry_runtime::admin::router(controller.state()),
+        config.admin.limits(),
+        shutdown.wait(),
+    );
     tracing::info!(store = %config.gateway_store.store, target = ?config.manifests.target, http = %config.http_listen, "gateway-reconciler running");
     let (leading_tx, leading) = tokio::sync::watch::channel(!config.leader.leader_elect);
     let election = match (&kube, config.leader.leader_elect) {
@@ -193,13 +195,11 @@ pub async fn run(
         }
         _ => None,
     };
-    let (_, http_result) =
-        tokio::join!(controller.run_while_leading(leading, shutdown.wait()), http);
+    tokio::join!(controller.run_while_leading(leading, shutdown.wait()), http);
     if let Some(election) = election {
         // Releases the lease so a successor need not wait for it to expire.
         let _ = election.await;
     }
-    http_result.map_err(RunError::Http)?;
     tracing::info!("gateway-reconciler stopped");
     Ok(())
 }

@@ -1,7 +1,10 @@
 //! The admin port every gantry service serves: `/healthz` (the process
 //! answers), `/readyz` (the service says whether it can do its work, and
 //! why not) and `/metrics` (OpenMetrics to a scraper that asks for it, the
-//! classic Prometheus text format otherwise: [`crate::metrics`]).
+//! classic Prometheus text format otherwise: [`crate::metrics`]), served
+//! within connection limits ([`serve`]).
+
+mod server;
 
 use std::sync::Arc;
 
@@ -10,6 +13,8 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
+
+pub use server::{serve, AdminArgs, AdminLimits};
 
 /// What a service answers on its admin port.
 #[tonic::async_trait]

@@ -50,6 +50,9 @@ pub struct Config {
     pub limits: LimitArgs,
 
     #[command(flatten)]
+    pub admin: gantry_runtime::admin::AdminArgs,
+
+    #[command(flatten)]
     pub log: gantry_runtime::LogArgs,
 }
 

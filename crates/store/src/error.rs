@@ -30,6 +30,4 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("gRPC reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
-    #[error("HTTP server: {0}")]
-    Http(std::io::Error),
 }

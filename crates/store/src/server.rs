@@ -130,25 +130,23 @@ pub async fn serve(
         tracing::info!("shutting down: draining in-flight requests");
     })?;
 
-    let http_server = axum::serve(
-        axum::serve::ListenerExt::tap_io(http, |tcp| {
-            let _ = tcp.set_nodelay(true);
-        }),
+    let http_server = gantry_runtime::admin::serve(
+        http,
         gantry_runtime::admin::router(Arc::new(StoreAdmin {
             storage: settings.storage.clone(),
             metrics,
             hub: core.hub.clone(),
         })),
-    )
-    .with_graceful_shutdown(shutdown.wait());
+        settings.limits.admin,
+        shutdown.wait(),
+    );
     tracing::info!(grpc = ?grpc_addr, http = ?http_addr, tls = settings.tls.is_some(), "gateway-store serving");
 
-    let (grpc_result, http_result) = tokio::join!(grpc_server, http_server);
+    let (grpc_result, ()) = tokio::join!(grpc_server, http_server);
     // The service (and with it the last writer handle) is gone: the writer
     // finishes what was queued, and the tailer and compactor stop.
     shutdown.drained().await;
     grpc_result?;
-    http_result.map_err(ServeError::Http)?;
     tracing::info!("gateway-store stopped");
     Ok(())
 }

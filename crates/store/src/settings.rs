@@ -48,6 +48,8 @@ pub struct Limits {
     pub connections: ConnectionLimits,
     /// HTTP/2 keepalive ping interval and the wait for its answer.
     pub keepalive: (Duration, Duration),
+    /// The admin (HTTP) listener's connections.
+    pub admin: gantry_runtime::admin::AdminLimits,
 }
 
 impl Default for Limits {
@@ -57,6 +59,7 @@ impl Default for Limits {
             request_timeout: Duration::from_secs(30),
             connections: ConnectionLimits::default(),
             keepalive: (Duration::from_secs(30), Duration::from_secs(10)),
+            admin: gantry_runtime::admin::AdminLimits::default(),
         }
     }
 }
@@ -163,6 +166,7 @@ pub async fn settings_from_config(config: &Config) -> Result<Settings, ServeErro
             idle_timeout: config.limits.idle_timeout,
         },
         keepalive: (config.limits.keepalive_interval, config.limits.keepalive_timeout),
+        admin: config.admin.limits(),
     };
     Ok(Settings { storage, auth: Arc::new(auth), tls, watch, limits })
 }
