@@ -688,3 +688,54 @@ async fn the_admin_port_answers_probes_under_a_flood_of_idle_connections() {
     drop(store);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// One identity may hold `--max-watches-per-identity` watches; one more is
+/// refused RESOURCE_EXHAUSTED with the reason and a retry delay, another
+/// identity is not affected, and a closed watch gives its slot back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_identity_holds_at_most_its_watches() {
+    use tonic_types::StatusExt as _;
+    let dir = temp_dir("watch-quota");
+    let tokens = dir.join("tokens.csv");
+    std::fs::write(
+        &tokens,
+        "alice-token-000000000001,alice,viewer\nbob-token-00000000000001,bob,viewer\n",
+    )
+    .unwrap();
+    let url = format!("sqlite://{}", dir.join("gantry.db").display());
+    let flags = ["--tokens-file", tokens.to_str().unwrap(), "--max-watches-per-identity", "3"];
+    let store = StoreProcess::start_with(&url, &dir, &flags);
+    let watch = |token: &str| {
+        let config = ClientConfig {
+            endpoint: store.endpoint(),
+            token: Some(token.into()),
+            ..Default::default()
+        };
+        async move {
+            let mut client = config.connect_lazy().unwrap();
+            let request = gantry_api::v1::WatchGatewaysRequest::default();
+            client.watch_gateways(request).await.map(tonic::Response::into_inner)
+        }
+    };
+    let mut alices = Vec::new();
+    for _ in 0..3 {
+        alices.push(watch("alice-token-000000000001").await.unwrap());
+    }
+    let refused = watch("alice-token-000000000001").await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    let details = refused.get_error_details();
+    assert_eq!(
+        details.error_info().map(|i| i.reason.clone()).as_deref(),
+        Some(gantry_api::reasons::TOO_MANY_WATCHES)
+    );
+    assert!(details.retry_info().and_then(|r| r.retry_delay).is_some(), "{refused:?}");
+    let _bob = watch("bob-token-00000000000001").await.unwrap();
+    // A watch closed by its client gives its slot back.
+    drop(alices.pop());
+    eventually(Duration::from_secs(30), "a slot back after a watch closed", || async {
+        watch("alice-token-000000000001").await.is_ok()
+    })
+    .await;
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -70,6 +70,9 @@ pub mod reasons {
     pub const REVISION_FUTURE: &str = "REVISION_FUTURE";
     /// RESOURCE_EXHAUSTED: a watcher fell behind its budget: resume.
     pub const WATCHER_TOO_SLOW: &str = "WATCHER_TOO_SLOW";
+    /// RESOURCE_EXHAUSTED: the caller holds the most watches one identity
+    /// may: close one, or retry after the RetryInfo delay.
+    pub const TOO_MANY_WATCHES: &str = "TOO_MANY_WATCHES";
     /// UNAVAILABLE: the store is shutting down: resume elsewhere.
     pub const STORE_SHUTTING_DOWN: &str = "STORE_SHUTTING_DOWN";
     /// UNAVAILABLE: the commit was sent and failed on the way; it may have

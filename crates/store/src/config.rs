@@ -180,6 +180,11 @@ pub struct LimitArgs {
     #[arg(long, env = "GANTRY_MAX_CALLS_PER_CONNECTION", default_value_t = 256)]
     pub max_calls_per_connection: usize,
 
+    /// Watch streams one identity (user, service account, certificate
+    /// subject) may hold open; one more is refused RESOURCE_EXHAUSTED.
+    #[arg(long, env = "GANTRY_MAX_WATCHES_PER_IDENTITY", default_value_t = 2048)]
+    pub max_watches_per_identity: usize,
+
     /// HTTP/2 streams (calls and open watches) per connection.
     #[arg(long, env = "GANTRY_MAX_STREAMS_PER_CONNECTION", default_value_t = 1024)]
     pub max_streams_per_connection: u32,

@@ -17,6 +17,7 @@ use crate::auth;
 use crate::error::ServeError;
 use crate::grpc::conn::{self, ActiveCallsLayer, Connections};
 use crate::grpc::observe::{Observe, ObserveLayer};
+use crate::grpc::watch_quota::WatchQuota;
 use crate::grpc::{errors, GatewayApi};
 use crate::http::StoreAdmin;
 use crate::metrics::Metrics;
@@ -98,8 +99,13 @@ pub async fn serve(
     let core = Core::start(&settings, &metrics, &shutdown).await?;
     tokio::spawn(auth::reload_on_change(settings.auth.clone(), shutdown.clone()));
     tokio::spawn(fetch_issuer_keys(settings.auth.clone()));
-    let api =
-        GatewayApi::new(core.writer, settings.storage.clone(), core.watch, settings.auth.clone());
+    let api = GatewayApi::new(
+        core.writer,
+        settings.storage.clone(),
+        core.watch,
+        settings.auth.clone(),
+        WatchQuota::new(settings.limits.watches_per_identity),
+    );
     let observe =
         ObserveLayer::new(settings.auth.clone(), metrics.clone(), settings.limits.request_timeout);
 

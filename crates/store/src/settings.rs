@@ -50,6 +50,8 @@ pub struct Limits {
     pub keepalive: (Duration, Duration),
     /// The admin (HTTP) listener's connections.
     pub admin: gantry_runtime::admin::AdminLimits,
+    /// Watch streams one identity may hold open.
+    pub watches_per_identity: usize,
 }
 
 impl Default for Limits {
@@ -60,6 +62,7 @@ impl Default for Limits {
             connections: ConnectionLimits::default(),
             keepalive: (Duration::from_secs(30), Duration::from_secs(10)),
             admin: gantry_runtime::admin::AdminLimits::default(),
+            watches_per_identity: 2048,
         }
     }
 }
@@ -167,6 +170,7 @@ pub async fn settings_from_config(config: &Config) -> Result<Settings, ServeErro
         },
         keepalive: (config.limits.keepalive_interval, config.limits.keepalive_timeout),
         admin: config.admin.limits(),
+        watches_per_identity: config.limits.max_watches_per_identity.max(1),
     };
     Ok(Settings { storage, auth: Arc::new(auth), tls, watch, limits })
 }

@@ -24,6 +24,7 @@ mod page_token;
 pub mod rate_limit;
 mod update;
 pub mod watch;
+pub mod watch_quota;
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -37,6 +38,7 @@ use prost_types::Timestamp;
 use tonic::{Request, Response, Status};
 
 use self::watch::WatchStream;
+use self::watch_quota::WatchQuota;
 use crate::auth::{Auth, Credentials, Principal};
 use crate::storage::Storage;
 use crate::watch::stream::WatchContext;
@@ -49,6 +51,7 @@ pub struct GatewayApi {
     storage: Arc<dyn Storage>,
     watch: WatchContext,
     auth: Arc<Auth>,
+    watch_quota: Arc<WatchQuota>,
 }
 
 impl GatewayApi {
@@ -57,8 +60,9 @@ impl GatewayApi {
         storage: Arc<dyn Storage>,
         watch: WatchContext,
         auth: Arc<Auth>,
+        watch_quota: Arc<WatchQuota>,
     ) -> Self {
-        Self { writer, storage, watch, auth }
+        Self { writer, storage, watch, auth, watch_quota }
     }
 
     async fn authenticate<T>(&self, request: &Request<T>) -> Result<Principal, Status> {
@@ -125,11 +129,12 @@ impl GatewayService for GatewayApi {
         request: Request<WatchGatewaysRequest>,
     ) -> Result<Response<Self::WatchGatewaysStream>, Status> {
         let principal = self.authenticate(&request).await?;
+        let slot = self.watch_quota.acquire(&principal.subject)?;
         let (metadata, certificates) = (request.metadata().clone(), request.peer_certs());
         let request = request.into_inner();
         tracing::debug!(subject = %principal.subject, from = request.resource_version, "watch started");
         let stream = watch::start(self.watch.clone(), &request).await?;
-        let caller = watch::Caller { metadata, certificates };
+        let caller = watch::Caller { metadata, certificates, _slot: slot };
         Ok(Response::new(watch::while_authenticated(stream, self.auth.clone(), caller)))
     }
 }

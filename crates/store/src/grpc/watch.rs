@@ -84,6 +84,8 @@ fn end_status(end: WatchEnd) -> Status {
 pub(super) struct Caller {
     pub metadata: tonic::metadata::MetadataMap,
     pub certificates: Option<Arc<Vec<rustls::pki_types::CertificateDer<'static>>>>,
+    /// Its identity's watch slot, given back when the stream ends.
+    pub _slot: super::watch_quota::WatchSlot,
 }
 
 impl Caller {
