@@ -73,6 +73,10 @@ pub mod reasons {
     /// RESOURCE_EXHAUSTED: the caller holds the most watches one identity
     /// may: close one, or retry after the RetryInfo delay.
     pub const TOO_MANY_WATCHES: &str = "TOO_MANY_WATCHES";
+    /// RESOURCE_EXHAUSTED: the caller's queue at its priority level is
+    /// full, or its call waited too long for a seat: retry after the
+    /// RetryInfo delay.
+    pub const TOO_MANY_REQUESTS: &str = "TOO_MANY_REQUESTS";
     /// UNAVAILABLE: the store is shutting down: resume elsewhere.
     pub const STORE_SHUTTING_DOWN: &str = "STORE_SHUTTING_DOWN";
     /// UNAVAILABLE: the commit was sent and failed on the way; it may have

@@ -180,6 +180,25 @@ pub struct LimitArgs {
     #[arg(long, env = "GANTRY_MAX_CALLS_PER_CONNECTION", default_value_t = 256)]
     pub max_calls_per_connection: usize,
 
+    /// Calls of editors answered at once (their priority level's seats);
+    /// more wait in a queue per identity, served in turn.
+    #[arg(long, env = "GANTRY_FAIR_EDITOR_CONCURRENCY", default_value_t = 32)]
+    pub fair_editor_concurrency: usize,
+
+    /// Calls of viewers answered at once; more wait in a queue per
+    /// identity, served in turn. (The reconciler and admins never wait.)
+    #[arg(long, env = "GANTRY_FAIR_VIEWER_CONCURRENCY", default_value_t = 16)]
+    pub fair_viewer_concurrency: usize,
+
+    /// Calls of one identity that may wait at its level; one more is
+    /// refused RESOURCE_EXHAUSTED (TOO_MANY_REQUESTS) with a retry delay.
+    #[arg(long, env = "GANTRY_FAIR_QUEUE_LENGTH", default_value_t = 64)]
+    pub fair_queue_length: usize,
+
+    /// The longest a call waits for a seat before it is refused.
+    #[arg(long, env = "GANTRY_FAIR_QUEUE_WAIT", default_value = "5s", value_parser = gantry_core::duration::parse_duration)]
+    pub fair_queue_wait: Duration,
+
     /// Watch streams one identity (user, service account, certificate
     /// subject) may hold open; one more is refused RESOURCE_EXHAUSTED.
     #[arg(long, env = "GANTRY_MAX_WATCHES_PER_IDENTITY", default_value_t = 2048)]

@@ -20,6 +20,72 @@ struct MethodLabels {
     method: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LevelLabels {
+    level: &'static str,
+}
+
+/// Fair queuing by priority level (`grpc::fairness`).
+#[derive(Clone, Debug)]
+pub struct FairnessMetrics {
+    in_flight: Family<LevelLabels, Gauge>,
+    queued: Family<LevelLabels, Gauge>,
+    rejected: Family<LevelLabels, Counter>,
+    wait: Family<LevelLabels, Histogram, fn() -> Histogram>,
+}
+
+impl Default for FairnessMetrics {
+    fn default() -> Self {
+        Self {
+            in_flight: Family::default(),
+            queued: Family::default(),
+            rejected: Family::default(),
+            wait: Family::new_with_constructor(latency_histogram),
+        }
+    }
+}
+
+impl FairnessMetrics {
+    pub fn in_flight(&self, level: &'static str) -> Gauge {
+        self.in_flight.get_or_create(&LevelLabels { level }).clone()
+    }
+
+    pub fn queued(&self, level: &'static str) -> Gauge {
+        self.queued.get_or_create(&LevelLabels { level }).clone()
+    }
+
+    pub fn rejected(&self, level: &'static str) -> Counter {
+        self.rejected.get_or_create(&LevelLabels { level }).clone()
+    }
+
+    pub fn wait(&self, level: &'static str) -> Histogram {
+        self.wait.get_or_create(&LevelLabels { level }).clone()
+    }
+
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "fairness_in_flight",
+            "Calls holding a seat, by priority level",
+            self.in_flight.clone(),
+        );
+        registry.register(
+            "fairness_queued",
+            "Calls waiting for a seat, by priority level",
+            self.queued.clone(),
+        );
+        registry.register(
+            "fairness_rejected",
+            "Calls refused RESOURCE_EXHAUSTED (TOO_MANY_REQUESTS), by priority level",
+            self.rejected.clone(),
+        );
+        registry.register(
+            "fairness_wait_duration_seconds",
+            "How long calls waited for a seat, by priority level",
+            self.wait.clone(),
+        );
+    }
+}
+
 fn latency_histogram() -> Histogram {
     // 50 µs .. ~52 s: past the default --request-timeout (30 s), so a call
     // that ran into it lands in a finite bucket.
@@ -48,6 +114,8 @@ pub struct Metrics {
     pub write_batches_failed: Counter,
     /// Watchers ended for falling too far behind.
     pub watchers_too_slow: Counter,
+    /// Fair queuing by priority level.
+    pub fairness: FairnessMetrics,
 }
 
 impl Default for Metrics {
@@ -133,7 +201,10 @@ impl Default for Metrics {
             "Watchers ended RESOURCE_EXHAUSTED (WATCHER_TOO_SLOW) for falling too far behind",
             watchers_too_slow.clone(),
         );
+        let fairness = FairnessMetrics::default();
+        fairness.register(&mut registry);
         Self {
+            fairness,
             write_batches_failed,
             watchers_too_slow,
             registry,

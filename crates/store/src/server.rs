@@ -16,6 +16,7 @@ use tower::Layer;
 use crate::auth;
 use crate::error::ServeError;
 use crate::grpc::conn::{self, ActiveCallsLayer, Connections};
+use crate::grpc::fairness::Fairness;
 use crate::grpc::observe::{Observe, ObserveLayer};
 use crate::grpc::watch_quota::WatchQuota;
 use crate::grpc::{errors, GatewayApi};
@@ -105,6 +106,7 @@ pub async fn serve(
         core.watch,
         settings.auth.clone(),
         WatchQuota::new(settings.limits.watches_per_identity),
+        Arc::new(Fairness::new(settings.limits.fairness, &metrics.fairness)),
     );
     let observe =
         ObserveLayer::new(settings.auth.clone(), metrics.clone(), settings.limits.request_timeout);

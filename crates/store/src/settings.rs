@@ -10,6 +10,7 @@ use crate::auth::{Auth, Authenticator, Bindings};
 use crate::config::{self, AuthArgs, Config};
 use crate::error::ServeError;
 use crate::grpc::conn::ConnectionLimits;
+use crate::grpc::fairness::FairnessLimits;
 use crate::storage::{
     postgres::PostgresStorage, sqlite::SqliteStorage, Retention, Storage, StorageError,
 };
@@ -52,6 +53,8 @@ pub struct Limits {
     pub admin: gantry_runtime::admin::AdminLimits,
     /// Watch streams one identity may hold open.
     pub watches_per_identity: usize,
+    /// Seats and queues of the priority levels.
+    pub fairness: FairnessLimits,
 }
 
 impl Default for Limits {
@@ -63,6 +66,7 @@ impl Default for Limits {
             keepalive: (Duration::from_secs(30), Duration::from_secs(10)),
             admin: gantry_runtime::admin::AdminLimits::default(),
             watches_per_identity: 2048,
+            fairness: FairnessLimits::default(),
         }
     }
 }
@@ -171,6 +175,12 @@ pub async fn settings_from_config(config: &Config) -> Result<Settings, ServeErro
         keepalive: (config.limits.keepalive_interval, config.limits.keepalive_timeout),
         admin: config.admin.limits(),
         watches_per_identity: config.limits.max_watches_per_identity.max(1),
+        fairness: FairnessLimits {
+            editor_seats: config.limits.fair_editor_concurrency.max(1),
+            viewer_seats: config.limits.fair_viewer_concurrency.max(1),
+            queue_length: config.limits.fair_queue_length,
+            queue_wait: config.limits.fair_queue_wait,
+        },
     };
     Ok(Settings { storage, auth: Arc::new(auth), tls, watch, limits })
 }

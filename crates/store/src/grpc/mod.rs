@@ -17,6 +17,7 @@ pub mod conn;
 mod create;
 mod delete;
 pub mod errors;
+pub mod fairness;
 mod get;
 pub mod list;
 pub mod observe;
@@ -37,6 +38,7 @@ use gantry_api::v1::{
 use prost_types::Timestamp;
 use tonic::{Request, Response, Status};
 
+use self::fairness::{Fairness, Seat};
 use self::watch::WatchStream;
 use self::watch_quota::WatchQuota;
 use crate::auth::{Auth, Credentials, Principal};
@@ -52,6 +54,7 @@ pub struct GatewayApi {
     watch: WatchContext,
     auth: Arc<Auth>,
     watch_quota: Arc<WatchQuota>,
+    fairness: Arc<Fairness>,
 }
 
 impl GatewayApi {
@@ -61,8 +64,9 @@ impl GatewayApi {
         watch: WatchContext,
         auth: Arc<Auth>,
         watch_quota: Arc<WatchQuota>,
+        fairness: Arc<Fairness>,
     ) -> Self {
-        Self { writer, storage, watch, auth, watch_quota }
+        Self { writer, storage, watch, auth, watch_quota, fairness }
     }
 
     async fn authenticate<T>(&self, request: &Request<T>) -> Result<Principal, Status> {
@@ -72,6 +76,14 @@ impl GatewayApi {
             certificates: certificates.as_deref().map(Vec::as_slice),
         };
         self.auth.authenticate(&call).await
+    }
+
+    /// The caller, and a seat of its priority level (held until the call
+    /// ends; a watch's until its stream starts).
+    async fn admit<T>(&self, request: &Request<T>) -> Result<(Principal, Seat), Status> {
+        let principal = self.authenticate(request).await?;
+        let seat = self.fairness.admit(&principal.subject, principal.role).await?;
+        Ok((principal, seat))
     }
 }
 
@@ -86,7 +98,7 @@ impl GatewayService for GatewayApi {
         &self,
         request: Request<CreateGatewayRequest>,
     ) -> Result<Response<Gateway>, Status> {
-        let principal = self.authenticate(&request).await?;
+        let (principal, _seat) = self.admit(&request).await?;
         create::create(&self.writer, principal, request.into_inner()).await.map(Response::new)
     }
 
@@ -94,7 +106,7 @@ impl GatewayService for GatewayApi {
         &self,
         request: Request<GetGatewayRequest>,
     ) -> Result<Response<Gateway>, Status> {
-        self.authenticate(&request).await?;
+        let _seat = self.admit(&request).await?;
         get::get(self.storage.as_ref(), request.into_inner()).await.map(Response::new)
     }
 
@@ -102,7 +114,7 @@ impl GatewayService for GatewayApi {
         &self,
         request: Request<ListGatewaysRequest>,
     ) -> Result<Response<ListGatewaysResponse>, Status> {
-        self.authenticate(&request).await?;
+        let _seat = self.admit(&request).await?;
         list::list(self.storage.as_ref(), request.into_inner()).await.map(Response::new)
     }
 
@@ -110,7 +122,7 @@ impl GatewayService for GatewayApi {
         &self,
         request: Request<UpdateGatewayRequest>,
     ) -> Result<Response<Gateway>, Status> {
-        let principal = self.authenticate(&request).await?;
+        let (principal, _seat) = self.admit(&request).await?;
         update::update(&self.writer, principal, request.into_inner()).await.map(Response::new)
     }
 
@@ -118,7 +130,7 @@ impl GatewayService for GatewayApi {
         &self,
         request: Request<DeleteGatewayRequest>,
     ) -> Result<Response<Gateway>, Status> {
-        let principal = self.authenticate(&request).await?;
+        let (principal, _seat) = self.admit(&request).await?;
         delete::delete(&self.writer, principal, request.into_inner()).await.map(Response::new)
     }
 
@@ -128,12 +140,14 @@ impl GatewayService for GatewayApi {
         &self,
         request: Request<WatchGatewaysRequest>,
     ) -> Result<Response<Self::WatchGatewaysStream>, Status> {
-        let principal = self.authenticate(&request).await?;
+        let (principal, seat) = self.admit(&request).await?;
         let slot = self.watch_quota.acquire(&principal.subject)?;
         let (metadata, certificates) = (request.metadata().clone(), request.peer_certs());
         let request = request.into_inner();
         tracing::debug!(subject = %principal.subject, from = request.resource_version, "watch started");
         let stream = watch::start(self.watch.clone(), &request).await?;
+        // Streaming, the watch no longer holds a seat.
+        drop(seat);
         let caller = watch::Caller { metadata, certificates, _slot: slot };
         Ok(Response::new(watch::while_authenticated(stream, self.auth.clone(), caller)))
     }

@@ -1,0 +1,322 @@
+//! Fair queuing per identity, after kube-apiserver's API Priority and
+//! Fairness, kept small: each call (a watch until its stream starts) takes
+//! a seat of its caller's priority level, and a caller who finds the level
+//! full waits in a queue of its own.
+//!
+//! | level    | who                   | seats (flag)                  |
+//! |----------|-----------------------|-------------------------------|
+//! | exempt   | reconciler, admin     | never queued                  |
+//! | editors  | editor                | `--fair-editor-concurrency`   |
+//! | viewers  | viewer                | `--fair-viewer-concurrency`   |
+//!
+//! A freed seat goes to the next identity in round-robin order, so one
+//! identity flooding from many connections gets one turn in N when N
+//! identities wait, and never delays another level. A queue holds at most
+//! `--fair-queue-length` calls of one identity and a call waits at most
+//! `--fair-queue-wait`; past either it is refused RESOURCE_EXHAUSTED
+//! (`TOO_MANY_REQUESTS`) with a retry delay, before any work is done.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gantry_core::Role;
+use tokio::sync::oneshot;
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::metrics::FairnessMetrics;
+
+/// How long a refused caller is told to wait.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The limits of the levels that queue.
+#[derive(Debug, Clone, Copy)]
+pub struct FairnessLimits {
+    pub editor_seats: usize,
+    pub viewer_seats: usize,
+    /// Calls of one identity waiting at one level.
+    pub queue_length: usize,
+    /// The longest a call waits for a seat.
+    pub queue_wait: Duration,
+}
+
+impl Default for FairnessLimits {
+    fn default() -> Self {
+        Self {
+            editor_seats: 32,
+            viewer_seats: 16,
+            queue_length: 64,
+            queue_wait: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The levels and their queues.
+#[derive(Debug)]
+pub struct Fairness {
+    editors: Arc<Level>,
+    viewers: Arc<Level>,
+    limits: FairnessLimits,
+}
+
+/// A seat, given back when dropped (a call's end, a watch's start).
+#[derive(Debug)]
+pub struct Seat {
+    level: Option<Arc<Level>>,
+}
+
+impl Drop for Seat {
+    fn drop(&mut self) {
+        if let Some(level) = self.level.take() {
+            level.release();
+        }
+    }
+}
+
+type Waiter = (u64, oneshot::Sender<Seat>);
+
+#[derive(Debug, Default)]
+struct Queues {
+    free: usize,
+    /// Waiting calls by identity, oldest first.
+    waiting: HashMap<String, VecDeque<Waiter>>,
+    /// Identities with waiting calls, in turn order.
+    turns: VecDeque<String>,
+    queued: usize,
+    next_id: u64,
+}
+
+/// One priority level.
+#[derive(Debug)]
+struct Level {
+    name: &'static str,
+    queues: Mutex<Queues>,
+    metrics: FairnessMetrics,
+}
+
+impl Fairness {
+    pub fn new(limits: FairnessLimits, metrics: &FairnessMetrics) -> Self {
+        let level = |name, seats: usize| {
+            Arc::new(Level {
+                name,
+                queues: Mutex::new(Queues { free: seats.max(1), ..Default::default() }),
+                metrics: metrics.clone(),
+            })
+        };
+        Self {
+            editors: level("editors", limits.editor_seats),
+            viewers: level("viewers", limits.viewer_seats),
+            limits,
+        }
+    }
+
+    /// A seat for a call of `subject` with `role`: at once, after a wait
+    /// in its identity's queue, or RESOURCE_EXHAUSTED.
+    pub async fn admit(&self, subject: &str, role: Role) -> Result<Seat, Status> {
+        let level = match role {
+            Role::Reconciler | Role::Admin => return Ok(Seat { level: None }),
+            Role::Editor => &self.editors,
+            Role::Viewer => &self.viewers,
+        };
+        level.acquire(subject, &self.limits).await
+    }
+}
+
+impl Level {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queues> {
+        self.queues.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    async fn acquire(self: &Arc<Self>, who: &str, limits: &FairnessLimits) -> Result<Seat, Status> {
+        let (id, seat) = {
+            let mut q = self.lock();
+            if q.free > 0 && q.queued == 0 {
+                q.free -= 1;
+                self.metrics.in_flight(self.name).inc();
+                return Ok(Seat { level: Some(self.clone()) });
+            }
+            let waiting = q.waiting.get(who).map_or(0, VecDeque::len);
+            if waiting >= limits.queue_length {
+                drop(q);
+                return Err(self.refuse(
+                    who,
+                    format!("{waiting} calls are queued, the most one identity may"),
+                ));
+            }
+            let (tx, rx) = oneshot::channel();
+            q.next_id += 1;
+            let id = q.next_id;
+            if waiting == 0 {
+                q.turns.push_back(who.to_string());
+            }
+            q.waiting.entry(who.to_string()).or_default().push_back((id, tx));
+            q.queued += 1;
+            self.metrics.queued(self.name).set(gauge(q.queued));
+            (id, rx)
+        };
+        let started = Instant::now();
+        let waited = tokio::time::timeout(limits.queue_wait, seat).await;
+        self.metrics.wait(self.name).observe(started.elapsed().as_secs_f64());
+        match waited {
+            Ok(Ok(seat)) => Ok(seat),
+            _ => {
+                self.forget(who, id);
+                Err(self.refuse(who, format!("no seat within {:?}", limits.queue_wait)))
+            }
+        }
+    }
+
+    /// Takes a timed-out waiter out of its queue.
+    fn forget(&self, who: &str, id: u64) {
+        let mut q = self.lock();
+        if let Some(queue) = q.waiting.get_mut(who) {
+            let before = queue.len();
+            queue.retain(|(i, _)| *i != id);
+            let removed = before - queue.len();
+            if queue.is_empty() {
+                q.waiting.remove(who);
+            }
+            q.queued -= removed;
+            self.metrics.queued(self.name).set(gauge(q.queued));
+        }
+    }
+
+    fn refuse(&self, who: &str, why: String) -> Status {
+        self.metrics.rejected(self.name).inc();
+        let mut details = ErrorDetails::with_error_info(
+            gantry_api::reasons::TOO_MANY_REQUESTS,
+            gantry_api::reasons::ERROR_DOMAIN,
+            HashMap::from([("level".to_string(), self.name.to_string())]),
+        );
+        details.set_retry_info(Some(RETRY_AFTER));
+        Status::with_error_details(
+            Code::ResourceExhausted,
+            format!(
+                "too many calls of {who} at priority level {}: {why}; retry after {RETRY_AFTER:?}",
+                self.name
+            ),
+            details,
+        )
+    }
+
+    /// Hands a freed seat to the next identity's oldest waiter, or frees
+    /// it.
+    fn release(self: Arc<Self>) {
+        let mut seat = Seat { level: Some(self.clone()) };
+        let mut q = self.lock();
+        while let Some(who) = q.turns.pop_front() {
+            let Some(queue) = q.waiting.get_mut(&who) else { continue };
+            let next = queue.pop_front();
+            if queue.is_empty() {
+                q.waiting.remove(&who);
+            } else {
+                q.turns.push_back(who);
+            }
+            let Some((_, waiter)) = next else { continue };
+            q.queued -= 1;
+            match waiter.send(seat) {
+                Ok(()) => {
+                    self.metrics.queued(self.name).set(gauge(q.queued));
+                    return;
+                }
+                // Its caller gave up: the next one.
+                Err(back) => seat = back,
+            }
+        }
+        // No one waits: the seat is free (disarmed, so that dropping it does
+        // not release it again).
+        seat.level = None;
+        q.free += 1;
+        self.metrics.in_flight(self.name).dec();
+        self.metrics.queued(self.name).set(gauge(q.queued));
+    }
+}
+
+fn gauge(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fairness(seats: usize, queue_length: usize) -> Fairness {
+        let limits = FairnessLimits {
+            editor_seats: seats,
+            viewer_seats: seats,
+            queue_length,
+            queue_wait: Duration::from_secs(60),
+        };
+        Fairness::new(limits, &FairnessMetrics::default())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn seats_go_round_robin_between_identities() {
+        let f = Arc::new(fairness(1, 10));
+        let held = f.admit("flood", Role::Viewer).await.unwrap();
+        // The flood queues three calls, then alice one.
+        let (tx, mut order) = tokio::sync::mpsc::unbounded_channel();
+        for who in ["flood", "flood", "flood", "alice"] {
+            let (f, tx) = (f.clone(), tx.clone());
+            tokio::spawn(async move {
+                let seat = f.admit(who, Role::Viewer).await.unwrap();
+                tx.send(who).unwrap();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                drop(seat);
+            });
+            tokio::task::yield_now().await;
+        }
+        drop(held);
+        let mut served = Vec::new();
+        for _ in 0..4 {
+            served.push(order.recv().await.unwrap());
+        }
+        // Alice's one call is served second, not after the flood's three.
+        assert_eq!(served, ["flood", "alice", "flood", "flood"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn full_queues_and_long_waits_are_refused_and_other_levels_never_wait() {
+        let f = Arc::new(fairness(1, 2));
+        let _held = f.admit("flood", Role::Viewer).await.unwrap();
+        let waiting: Vec<_> = (0..2)
+            .map(|_| {
+                let f = f.clone();
+                tokio::spawn(async move { f.admit("flood", Role::Viewer).await.map(drop) })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        let refused = f.admit("flood", Role::Viewer).await.unwrap_err();
+        assert_eq!(refused.code(), Code::ResourceExhausted);
+        assert!(refused.message().contains("2 calls are queued"), "{refused:?}");
+        let details = refused.get_error_details();
+        assert_eq!(details.retry_info().and_then(|r| r.retry_delay), Some(RETRY_AFTER));
+        // Editors, the reconciler and admins do not wait for viewers.
+        let _editor = f.admit("eddie", Role::Editor).await.unwrap();
+        let _reconciler = f.admit("gateway-reconciler", Role::Reconciler).await.unwrap();
+        // A queued call waits at most the queue wait.
+        for w in waiting {
+            let timed_out = w.await.unwrap().unwrap_err();
+            assert!(timed_out.message().contains("no seat within"), "{timed_out:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_that_gave_up_does_not_keep_the_seat() {
+        let f = Arc::new(fairness(1, 10));
+        let held = f.admit("a", Role::Viewer).await.unwrap();
+        let gave_up = {
+            let f = f.clone();
+            tokio::spawn(async move { f.admit("b", Role::Viewer).await })
+        };
+        tokio::task::yield_now().await;
+        gave_up.abort();
+        let _ = gave_up.await;
+        drop(held);
+        // The seat is free again: the next call takes it at once.
+        let again =
+            tokio::time::timeout(Duration::from_millis(1), f.admit("c", Role::Viewer)).await;
+        assert!(again.is_ok_and(|s| s.is_ok()), "the seat was lost");
+    }
+}
