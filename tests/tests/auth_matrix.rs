@@ -1,7 +1,10 @@
 //! Every RPC (and every field group of the README's role table) × every
-//! role × valid / missing / invalid / expired token,
-//! against a gateway-store process with a tokens file: the expected code
-//! for each, nothing stored by a refused call, and no token in the logs.
+//! role × valid / missing / invalid / expired credential of two
+//! authenticators (the tokens file, and OIDC tokens whose users the role
+//! bindings name), against a gateway-store process: the expected code for
+//! each, nothing stored by a refused call, and no token in the logs.
+//! (Service-account tokens and client certificates map to roles through
+//! the same bindings: `service_account_auth.rs`, `crates/store/tests/tls.rs`.)
 #![allow(clippy::unwrap_used)]
 
 use std::time::Duration;
@@ -22,8 +25,30 @@ const ROLES: [&str; 4] = ["viewer", "editor", "reconciler", "admin"];
 enum Credential {
     Valid(&'static str),
     Expired(&'static str),
+    /// An OIDC token of the user bound to the role.
+    Oidc(&'static str),
+    OidcExpired(&'static str),
     Unknown,
     Missing,
+}
+
+/// The OIDC provider's key and name.
+struct Idp {
+    signer: gantry_testkit::jwt::Signer,
+    issuer: String,
+}
+
+impl Idp {
+    fn token(&self, role: &str, expired: bool) -> String {
+        use gantry_testkit::jwt::now;
+        let (start, end) =
+            if expired { (now() - 7200, now() - 3600) } else { (now(), now() + 600) };
+        self.signer.sign(&serde_json::json!({
+            "iss": self.issuer, "aud": "gantry", "sub": format!("u-{role}"),
+            "email": format!("{role}@example.com"), "email_verified": true,
+            "iat": start, "exp": end,
+        }))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,10 +89,12 @@ fn expired_token(role: &str) -> String {
 
 const UNKNOWN_TOKEN: &str = "unknown-token-0123456789abcdef";
 
-fn token(credential: Credential) -> Option<String> {
+fn token(idp: &Idp, credential: Credential) -> Option<String> {
     match credential {
         Credential::Valid(role) => Some(valid_token(role)),
         Credential::Expired(role) => Some(expired_token(role)),
+        Credential::Oidc(role) => Some(idp.token(role, false)),
+        Credential::OidcExpired(role) => Some(idp.token(role, true)),
         Credential::Unknown => Some(UNKNOWN_TOKEN.into()),
         Credential::Missing => None,
     }
@@ -75,7 +102,9 @@ fn token(credential: Credential) -> Option<String> {
 
 /// The table: what each call must answer.
 fn expected(rpc: Rpc, credential: Credential) -> Code {
-    let Credential::Valid(role) = credential else { return Code::Unauthenticated };
+    let (Credential::Valid(role) | Credential::Oidc(role)) = credential else {
+        return Code::Unauthenticated;
+    };
     let allowed = match rpc {
         Rpc::Get | Rpc::List | Rpc::Watch => true,
         Rpc::Create
@@ -92,8 +121,8 @@ fn expected(rpc: Rpc, credential: Credential) -> Code {
     }
 }
 
-fn client(store: &StoreProcess, credential: Credential) -> GatewayClient {
-    ClientConfig { endpoint: store.endpoint(), token: token(credential), ..Default::default() }
+fn client(store: &StoreProcess, idp: &Idp, credential: Credential) -> GatewayClient {
+    ClientConfig { endpoint: store.endpoint(), token: token(idp, credential), ..Default::default() }
         .connect_lazy()
         .unwrap()
 }
@@ -230,25 +259,56 @@ async fn every_rpc_role_and_token_state_answers_as_the_table_says() {
             .push_str(&format!("{},{role}-old,{role},2020-01-01T00:00:00Z\n", expired_token(role)));
     }
     std::fs::write(&tokens, lines).unwrap();
+    // OIDC: one user per role, bound in the role bindings.
+    let signer = gantry_testkit::jwt::Signer::new("matrix");
+    let provider = gantry_testkit::oidc::OidcProvider::start(&[&signer]).await;
+    let idp = Idp { signer, issuer: provider.issuer.clone() };
+    let ca = dir.join("idp-ca.pem");
+    std::fs::write(&ca, &provider.ca_pem).unwrap();
+    let mut bindings = String::from("bindings:\n");
+    for role in ROLES {
+        bindings.push_str(&format!(
+            "  - role: {role}\n    subjects:\n      - {{kind: User, name: {role}@example.com}}\n"
+        ));
+    }
+    let bindings_file = dir.join("bindings.yaml");
+    std::fs::write(&bindings_file, bindings).unwrap();
     let url = format!("sqlite://{}", dir.join("gantry.db").display());
     let store = StoreProcess::start_with(
         &url,
         &dir,
-        &["--tokens-file", tokens.to_str().unwrap(), "--log-level", "debug"],
+        &[
+            "--tokens-file",
+            tokens.to_str().unwrap(),
+            "--oidc-issuer-url",
+            &provider.issuer,
+            "--oidc-client-id",
+            "gantry",
+            "--oidc-ca-file",
+            ca.to_str().unwrap(),
+            "--oidc-username-claim",
+            "email",
+            "--role-bindings-file",
+            bindings_file.to_str().unwrap(),
+            "--log-level",
+            "debug",
+        ],
     );
-    let mut admin = client(&store, Credential::Valid("admin"));
+    let mut admin = client(&store, &idp, Credential::Valid("admin"));
 
     let mut credentials = vec![Credential::Unknown, Credential::Missing];
     for role in ROLES {
         credentials.push(Credential::Valid(role));
         credentials.push(Credential::Expired(role));
+        credentials.push(Credential::Oidc(role));
+        credentials.push(Credential::OidcExpired(role));
     }
     let mut mismatches = Vec::new();
     let mut case = 0;
     for rpc in RPCS {
         for credential in &credentials {
             case += 1;
-            let mut c = client(&store, *credential);
+            let mut c = client(&store, &idp, *credential);
             let answered = call(rpc, case, &mut c, &mut admin).await;
             let want = expected(rpc, *credential);
             if answered != want {
@@ -258,7 +318,7 @@ async fn every_rpc_role_and_token_state_answers_as_the_table_says() {
         }
     }
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
-    assert_eq!(case, RPCS.len() * (2 + 2 * ROLES.len()));
+    assert_eq!(case, RPCS.len() * (2 + 4 * ROLES.len()));
 
     // Refusals are logged (an audit trail), tokens never are.
     let logged = "a refusal and an expired token's subject logged";
