@@ -227,14 +227,14 @@ async fn the_reconciler_runs_on_a_rotated_service_account_token_and_stays_ready(
     let sampler = {
         let (stop, unready, port) = (stop.clone(), unready.clone(), reconciler.http);
         tokio::spawn(async move {
-            let mut samples = 0;
+            let (mut samples, mut every) = (0, tokio::time::interval(Duration::from_millis(100)));
             while !stop.load(Ordering::SeqCst) {
+                every.tick().await;
                 let answer = gantry_testkit::fetch(port, "/readyz").await.unwrap_or_default();
                 if !answer.starts_with("HTTP/1.1 200") {
                     unready.lock().unwrap().push(answer);
                 }
                 samples += 1;
-                tokio::time::sleep(Duration::from_millis(100)).await;
             }
             samples
         })

@@ -159,37 +159,7 @@ impl Default for Metrics {
             watch_revision.clone(),
         );
         let connections = ConnectionMetrics::default();
-        registry.register("grpc_connections", "Open gRPC connections", connections.open.clone());
-        registry.register(
-            "grpc_calls_shed",
-            "Calls refused RESOURCE_EXHAUSTED for --max-calls-per-connection",
-            connections.shed.clone(),
-        );
-        registry.register(
-            "grpc_shed_duration_seconds",
-            "How long refusing a call for --max-calls-per-connection took",
-            connections.shed_seconds.clone(),
-        );
-        registry.register(
-            "grpc_connections_refused",
-            "gRPC connections closed at accept because --max-connections were open",
-            connections.refused.clone(),
-        );
-        registry.register(
-            "grpc_connections_handshake_timeouts",
-            "gRPC connections closed for sending no request within --handshake-timeout",
-            connections.handshake_timeouts.clone(),
-        );
-        registry.register(
-            "grpc_connections_idle_closed",
-            "gRPC connections closed after --idle-timeout with no call in flight",
-            connections.idle_closed.clone(),
-        );
-        registry.register(
-            "grpc_accept_errors",
-            "Failed accepts on the gRPC listener (e.g. out of file descriptors)",
-            connections.accept_errors.clone(),
-        );
+        connections.register(&mut registry);
         let (write_batches_failed, watchers_too_slow) = (Counter::default(), Counter::default());
         registry.register(
             "write_batches_failed",
@@ -258,6 +228,42 @@ pub struct ConnectionMetrics {
     pub idle_closed: Counter,
     /// accept() failures (out of file descriptors and others).
     pub accept_errors: Counter,
+}
+
+impl ConnectionMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register("grpc_connections", "Open gRPC connections", self.open.clone());
+        registry.register(
+            "grpc_calls_shed",
+            "Calls refused RESOURCE_EXHAUSTED for --max-calls-per-connection",
+            self.shed.clone(),
+        );
+        registry.register(
+            "grpc_shed_duration_seconds",
+            "How long refusing a call for --max-calls-per-connection took",
+            self.shed_seconds.clone(),
+        );
+        registry.register(
+            "grpc_connections_refused",
+            "gRPC connections closed at accept because --max-connections were open",
+            self.refused.clone(),
+        );
+        registry.register(
+            "grpc_connections_handshake_timeouts",
+            "gRPC connections closed for sending no request within --handshake-timeout",
+            self.handshake_timeouts.clone(),
+        );
+        registry.register(
+            "grpc_connections_idle_closed",
+            "gRPC connections closed after --idle-timeout with no call in flight",
+            self.idle_closed.clone(),
+        );
+        registry.register(
+            "grpc_accept_errors",
+            "Failed accepts on the gRPC listener (e.g. out of file descriptors)",
+            self.accept_errors.clone(),
+        );
+    }
 }
 
 impl Default for ConnectionMetrics {
