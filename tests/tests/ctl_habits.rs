@@ -257,6 +257,82 @@ fn contexts_take_a_token_file_or_a_command_as_kubeconfig_does() {
     let _ = std::fs::remove_dir_all(home);
 }
 
+#[test]
+fn a_client_certificate_names_the_caller_and_the_server_is_checked_by_name() {
+    let home = temp_dir("ctl-mtls");
+    let file = |name: &str, content: &str| {
+        let path = home.join(name);
+        std::fs::write(&path, content).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let (server_ca, client_ca) =
+        (gantry_testkit::TestCa::new("server-ca"), gantry_testkit::TestCa::new("client-ca"));
+    let (cert, key) = server_ca.server(&["gateway-store.gantry.svc"]);
+    let (alice_cert, alice_key) = client_ca.client("alice", &["platform"], -60, 3600);
+    let (bob_cert, bob_key) = client_ca.client("bob", &[], -60, 3600);
+    let bindings =
+        "bindings:\n  - role: editor\n    subjects:\n      - {kind: Group, name: platform}\n";
+    let flags = [
+        "--tokens-file".to_string(),
+        file("tokens.csv", "admin-token-000000000001,root,admin\n"),
+        "--tls-cert".into(),
+        file("server.crt", &cert),
+        "--tls-key".into(),
+        file("server.key", &key),
+        "--client-ca".into(),
+        file("client-ca.pem", &client_ca.pem),
+        "--role-bindings-file".into(),
+        file("bindings.yaml", bindings),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let store = CtlStore::start("ctl-mtls", &flags);
+    let server = format!("https://127.0.0.1:{}", store.process.grpc);
+    let ca = file("server-ca.pem", &server_ca.pem);
+    let (alice_cert, alice_key) = (file("alice.crt", &alice_cert), file("alice.key", &alice_key));
+    let as_alice = |extra: &[&str], args: &[&str]| {
+        let common = [
+            "--server",
+            &server,
+            "--ca",
+            &ca,
+            "--client-certificate",
+            &alice_cert,
+            "--client-key",
+            &alice_key,
+        ];
+        ctl_command(&[&common[..], extra, args].concat()).output().unwrap()
+    };
+    // The certificate names gateway-store.gantry.svc, not 127.0.0.1.
+    let (_, stderr) = exits(1, as_alice(&[], &["get"]));
+    assert!(!stderr.is_empty(), "a server certificate for another name was taken");
+    let named = ["--tls-server-name", "gateway-store.gantry.svc"];
+    ok(as_alice(&named, &["create", "edge", "--image", "x:1"]));
+    // Bob's certificate is good, but no binding names him.
+    let (bob_cert, bob_key) = (file("bob.crt", &bob_cert), file("bob.key", &bob_key));
+    let env = [("HOME", home.as_path())];
+    let set = |args: &[&str]| ok(ctl_env(&env, &[&["config", "set-context"], args].concat()));
+    set(&[
+        "bob",
+        "--server",
+        &server,
+        "--ca",
+        &ca,
+        "--client-certificate",
+        &bob_cert,
+        "--client-key",
+        &bob_key,
+        "--tls-server-name",
+        "gateway-store.gantry.svc",
+        "--current",
+    ]);
+    let (_, stderr) = exits(1, ctl_env(&env, &["get"]));
+    assert!(stderr.contains("bob") && stderr.contains("no role"), "{stderr}");
+    // The same context with alice's certificate lists what she made.
+    set(&["bob", "--client-certificate", &alice_cert, "--client-key", &alice_key]);
+    assert_eq!(ok(ctl_env(&env, &["get", "-o", "name"])), "gateway/edge\n");
+    let _ = std::fs::remove_dir_all(home);
+}
+
 /// The shells whose completion functions are driven; `None` (skipped
 /// outside CI) when one is missing.
 fn shells() -> Option<()> {

@@ -36,6 +36,16 @@ pub struct Context {
     /// Path of a PEM CA certificate for an https:// server.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca: Option<PathBuf>,
+    /// Paths of a PEM client certificate and its key (kubeconfig's
+    /// `client-certificate` and `client-key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_certificate: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_key: Option<PathBuf>,
+    /// The name to check the server's certificate against, when it is not
+    /// the server URL's host (`kubectl --tls-server-name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_server_name: Option<String>,
 }
 
 impl std::fmt::Debug for Context {
@@ -47,6 +57,9 @@ impl std::fmt::Debug for Context {
             .field("token_file", &self.token_file)
             .field("token_command", &self.token_command)
             .field("ca", &self.ca)
+            .field("client_certificate", &self.client_certificate)
+            .field("client_key", &self.client_key)
+            .field("tls_server_name", &self.tls_server_name)
             .finish()
     }
 }

@@ -138,6 +138,9 @@ pub struct ClientConfig {
     /// Domain name to verify the server certificate against, when it
     /// differs from the endpoint's host.
     pub tls_domain: Option<String>,
+    /// PEM client certificate and key to present (a store with
+    /// `--client-ca` takes its subject as the caller).
+    pub client_identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -148,6 +151,7 @@ impl std::fmt::Debug for ClientConfig {
             .field("token_file", &self.token_file)
             .field("ca_pem", &self.ca_pem.as_ref().map(|_| "..."))
             .field("tls_domain", &self.tls_domain)
+            .field("client_identity", &self.client_identity.as_ref().map(|_| "..."))
             .finish()
     }
 }
@@ -190,6 +194,9 @@ impl ClientConfig {
             }
             if let Some(domain) = &self.tls_domain {
                 tls = tls.domain_name(domain.clone());
+            }
+            if let Some((cert, key)) = &self.client_identity {
+                tls = tls.identity(tonic::transport::Identity::from_pem(cert, key));
             }
             endpoint = endpoint.tls_config(tls).map_err(|e| invalid(e.to_string()))?;
         }

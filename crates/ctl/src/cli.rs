@@ -35,6 +35,16 @@ pub struct Cli {
     /// PEM CA certificate for an https:// server (overrides the context).
     #[arg(long, env = "GANTRY_CA", global = true)]
     pub ca: Option<PathBuf>,
+    /// PEM client certificate to present (with --client-key).
+    #[arg(long, env = "GANTRY_CLIENT_CERTIFICATE", global = true, requires = "client_key")]
+    pub client_certificate: Option<PathBuf>,
+    /// PEM key of --client-certificate.
+    #[arg(long, env = "GANTRY_CLIENT_KEY", global = true, requires = "client_certificate")]
+    pub client_key: Option<PathBuf>,
+    /// Name to check the server's certificate against, when it is not the
+    /// server URL's host (e.g. through port-forward).
+    #[arg(long, env = "GANTRY_TLS_SERVER_NAME", global = true)]
+    pub tls_server_name: Option<String>,
     /// Config file with contexts.
     #[arg(long, env = "GANTRY_CONFIG", global = true)]
     pub config: Option<PathBuf>,
@@ -307,6 +317,15 @@ pub enum ConfigCommand {
         /// PEM CA certificate for an https:// server.
         #[arg(long)]
         ca: Option<PathBuf>,
+        /// PEM client certificate to present.
+        #[arg(long)]
+        client_certificate: Option<PathBuf>,
+        /// PEM key of the client certificate.
+        #[arg(long)]
+        client_key: Option<PathBuf>,
+        /// Name to check the server's certificate against.
+        #[arg(long)]
+        tls_server_name: Option<String>,
         /// Make it the current context (or, without a name, change the current one).
         #[arg(long)]
         current: bool,

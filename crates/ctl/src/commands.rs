@@ -41,6 +41,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode, CtlError> {
         token: cli.token.clone(),
         token_file: cli.token_file.clone(),
         ca: cli.ca.clone(),
+        client_certificate: cli.client_certificate.clone(),
+        client_key: cli.client_key.clone(),
+        tls_server_name: cli.tls_server_name.clone(),
         context: cli.context.clone(),
     };
     let ctl = config::connect(&flags, &file, &config_path)?;
@@ -149,6 +152,9 @@ fn config_cmd(
             token_file,
             token_command,
             ca,
+            client_certificate,
+            client_key,
+            tls_server_name,
             current,
         } => {
             let name = match (name, current) {
@@ -166,6 +172,9 @@ fn config_cmd(
                 token_file,
                 token_command,
                 ca,
+                client_certificate,
+                client_key,
+                tls_server_name,
                 use_it: current,
             };
             config::set_context(file, path, &name, change, out)

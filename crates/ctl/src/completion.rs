@@ -39,6 +39,9 @@ pub fn gateways() -> Vec<CompletionCandidate> {
         server: env("GANTRY_SERVER"),
         token: env("GANTRY_TOKEN"),
         token_file: env("GANTRY_TOKEN_FILE").map(PathBuf::from),
+        client_certificate: env("GANTRY_CLIENT_CERTIFICATE").map(PathBuf::from),
+        client_key: env("GANTRY_CLIENT_KEY").map(PathBuf::from),
+        tls_server_name: env("GANTRY_TLS_SERVER_NAME"),
         ca: env("GANTRY_CA").map(PathBuf::from),
         context: env("GANTRY_CONTEXT"),
     };

@@ -84,6 +84,9 @@ pub struct ContextChange {
     /// A command line, split at spaces.
     pub token_command: Option<String>,
     pub ca: Option<PathBuf>,
+    pub client_certificate: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
+    pub tls_server_name: Option<String>,
     /// Make it the current context.
     pub use_it: bool,
 }
@@ -120,8 +123,18 @@ pub fn set_context(
     if let Some(command) = change.token_command {
         context.token_command = command.split_whitespace().map(str::to_string).collect();
     }
+    let set = |p: PathBuf| Some(p).filter(|p| !p.as_os_str().is_empty());
     if let Some(ca) = change.ca {
-        context.ca = Some(ca).filter(|c| !c.as_os_str().is_empty());
+        context.ca = set(ca);
+    }
+    if let Some(cert) = change.client_certificate {
+        context.client_certificate = set(cert);
+    }
+    if let Some(key) = change.client_key {
+        context.client_key = set(key);
+    }
+    if let Some(name) = change.tls_server_name {
+        context.tls_server_name = Some(name).filter(|n| !n.is_empty());
     }
     match existing {
         Some(i) => file.contexts[i] = context,
@@ -143,6 +156,9 @@ pub struct Overrides {
     pub token: Option<String>,
     pub token_file: Option<PathBuf>,
     pub ca: Option<PathBuf>,
+    pub client_certificate: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
+    pub tls_server_name: Option<String>,
     pub context: Option<String>,
 }
 
@@ -169,20 +185,42 @@ pub fn connect(flags: &Overrides, file: &ConfigFile, path: &Path) -> Result<Ctl,
             },
         )?;
     let (token, token_file) = credential(flags, context.as_ref())?;
-    let ca_path = flags.ca.clone().or_else(|| context.as_ref().and_then(|c| c.ca.clone()));
-    let ca_pem = match ca_path {
-        Some(p) => Some(
-            std::fs::read(&p)
-                .map_err(|e| CtlError::Message(format!("cannot read CA {}: {e}", p.display())))?,
-        ),
-        None => None,
+    let pick = |flag: &Option<PathBuf>, field: fn(&Context) -> Option<PathBuf>| {
+        flag.clone().or_else(|| context.as_ref().and_then(field))
     };
+    let read = |what: &str, path: Option<PathBuf>| -> Result<Option<Vec<u8>>, CtlError> {
+        path.map(|p| {
+            std::fs::read(&p)
+                .map_err(|e| CtlError::Message(format!("cannot read {what} {}: {e}", p.display())))
+        })
+        .transpose()
+    };
+    let ca_pem = read("CA", pick(&flags.ca, |c| c.ca.clone()))?;
+    let certificate = read(
+        "client certificate",
+        pick(&flags.client_certificate, |c| c.client_certificate.clone()),
+    )?;
+    let key = read("client key", pick(&flags.client_key, |c| c.client_key.clone()))?;
+    let client_identity = match (certificate, key) {
+        (Some(cert), Some(key)) => Some((cert, key)),
+        (None, None) => None,
+        _ => {
+            return Err(CtlError::Message(
+                "a client certificate needs its key (client_certificate and client_key)".into(),
+            ))
+        }
+    };
+    let tls_domain = flags
+        .tls_server_name
+        .clone()
+        .or_else(|| context.as_ref().and_then(|c| c.tls_server_name.clone()));
     let client = gantry_client::ClientConfig {
         endpoint: server.clone(),
         token,
         token_file,
         ca_pem,
-        ..Default::default()
+        tls_domain,
+        client_identity,
     }
     .connect_lazy()
     .map_err(|e| CtlError::Message(e.to_string()))?;
