@@ -9,6 +9,11 @@
 //! | editors  | editor                | `--fair-editor-concurrency`   |
 //! | viewers  | viewer                | `--fair-viewer-concurrency`   |
 //!
+//! A call takes one seat, except a list, which takes one per
+//! [`OBJECTS_PER_SEAT`] objects its page may hold (up to the level's
+//! seats), as the API server estimates a LIST's work: concurrency alone
+//! would let a level of cheap seats spend the CPU of many large pages.
+//!
 //! A freed seat goes to the next identity in round-robin order, so one
 //! identity flooding from many connections gets one turn in N when N
 //! identities wait, and never delays another level. A queue holds at most
@@ -29,6 +34,15 @@ use crate::metrics::FairnessMetrics;
 
 /// How long a refused caller is told to wait.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// Objects of a list page that cost one seat.
+pub const OBJECTS_PER_SEAT: usize = 100;
+
+/// The seats a call takes: one, or one per [`OBJECTS_PER_SEAT`] objects of
+/// a list page of `page_size`.
+pub fn width(page_size: Option<usize>) -> usize {
+    page_size.map_or(1, |n| n.div_ceil(OBJECTS_PER_SEAT).max(1))
+}
 
 /// The limits of the levels that queue.
 #[derive(Debug, Clone, Copy)]
@@ -60,24 +74,28 @@ pub struct Fairness {
     limits: FairnessLimits,
 }
 
-/// A seat, given back when dropped (a call's end, a watch's start).
+/// Seats held by one call, given back when dropped (a call's end, a
+/// watch's start).
 #[derive(Debug)]
 pub struct Seat {
     level: Option<Arc<Level>>,
+    width: usize,
 }
 
 impl Drop for Seat {
     fn drop(&mut self) {
         if let Some(level) = self.level.take() {
-            level.release();
+            level.release(self.width);
         }
     }
 }
 
-type Waiter = (u64, oneshot::Sender<Seat>);
+/// A waiting call: its id, its width and where its seats go.
+type Waiter = (u64, usize, oneshot::Sender<Seat>);
 
 #[derive(Debug, Default)]
 struct Queues {
+    seats: usize,
     free: usize,
     /// Waiting calls by identity, oldest first.
     waiting: HashMap<String, VecDeque<Waiter>>,
@@ -100,7 +118,11 @@ impl Fairness {
         let level = |name, seats: usize| {
             Arc::new(Level {
                 name,
-                queues: Mutex::new(Queues { free: seats.max(1), ..Default::default() }),
+                queues: Mutex::new(Queues {
+                    seats: seats.max(1),
+                    free: seats.max(1),
+                    ..Default::default()
+                }),
                 metrics: metrics.clone(),
             })
         };
@@ -111,15 +133,16 @@ impl Fairness {
         }
     }
 
-    /// A seat for a call of `subject` with `role`: at once, after a wait
-    /// in its identity's queue, or RESOURCE_EXHAUSTED.
-    pub async fn admit(&self, subject: &str, role: Role) -> Result<Seat, Status> {
+    /// `width` seats (see [`width`]) for a call of `subject` with `role`:
+    /// at once, after a wait in its identity's queue, or
+    /// RESOURCE_EXHAUSTED.
+    pub async fn admit(&self, subject: &str, role: Role, width: usize) -> Result<Seat, Status> {
         let level = match role {
-            Role::Reconciler | Role::Admin => return Ok(Seat { level: None }),
+            Role::Reconciler | Role::Admin => return Ok(Seat { level: None, width: 0 }),
             Role::Editor => &self.editors,
             Role::Viewer => &self.viewers,
         };
-        level.acquire(subject, &self.limits).await
+        level.acquire(subject, width, &self.limits).await
     }
 }
 
@@ -128,13 +151,19 @@ impl Level {
         self.queues.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    async fn acquire(self: &Arc<Self>, who: &str, limits: &FairnessLimits) -> Result<Seat, Status> {
+    async fn acquire(
+        self: &Arc<Self>,
+        who: &str,
+        width: usize,
+        limits: &FairnessLimits,
+    ) -> Result<Seat, Status> {
         let (id, seat) = {
             let mut q = self.lock();
-            if q.free > 0 && q.queued == 0 {
-                q.free -= 1;
-                self.metrics.in_flight(self.name).inc();
-                return Ok(Seat { level: Some(self.clone()) });
+            let width = width.clamp(1, q.seats);
+            if q.free >= width && q.queued == 0 {
+                q.free -= width;
+                self.metrics.in_flight(self.name).inc_by(gauge(width));
+                return Ok(Seat { level: Some(self.clone()), width });
             }
             let waiting = q.waiting.get(who).map_or(0, VecDeque::len);
             if waiting >= limits.queue_length {
@@ -150,7 +179,7 @@ impl Level {
             if waiting == 0 {
                 q.turns.push_back(who.to_string());
             }
-            q.waiting.entry(who.to_string()).or_default().push_back((id, tx));
+            q.waiting.entry(who.to_string()).or_default().push_back((id, width, tx));
             q.queued += 1;
             self.metrics.queued(self.name).set(gauge(q.queued));
             (id, rx)
@@ -172,10 +201,11 @@ impl Level {
         let mut q = self.lock();
         if let Some(queue) = q.waiting.get_mut(who) {
             let before = queue.len();
-            queue.retain(|(i, _)| *i != id);
+            queue.retain(|(i, _, _)| *i != id);
             let removed = before - queue.len();
             if queue.is_empty() {
                 q.waiting.remove(who);
+                q.turns.retain(|w| w != who);
             }
             q.queued -= removed;
             self.metrics.queued(self.name).set(gauge(q.queued));
@@ -200,35 +230,45 @@ impl Level {
         )
     }
 
-    /// Hands a freed seat to the next identity's oldest waiter, or frees
-    /// it.
-    fn release(self: Arc<Self>) {
-        let mut seat = Seat { level: Some(self.clone()) };
+    /// Takes back `width` seats and hands seats to the oldest waiter of
+    /// each identity in turn while enough are free (a wide list waits for
+    /// its seats; the identities behind it wait their turn, as in the API
+    /// server).
+    fn release(self: Arc<Self>, width: usize) {
         let mut q = self.lock();
-        while let Some(who) = q.turns.pop_front() {
-            let Some(queue) = q.waiting.get_mut(&who) else { continue };
-            let next = queue.pop_front();
-            if queue.is_empty() {
+        q.free += width;
+        self.metrics.in_flight(self.name).dec_by(gauge(width));
+        while let Some(who) = q.turns.front().cloned() {
+            let Some(needed) = q.waiting.get(&who).and_then(|w| w.front()).map(|w| w.1) else {
                 q.waiting.remove(&who);
-            } else {
+                q.turns.pop_front();
+                continue;
+            };
+            if needed > q.free {
+                break;
+            }
+            let Some((_, _, waiter)) = q.waiting.get_mut(&who).and_then(VecDeque::pop_front) else {
+                break;
+            };
+            if q.waiting.get(&who).is_some_and(VecDeque::is_empty) {
+                q.waiting.remove(&who);
+            }
+            q.turns.pop_front();
+            if q.waiting.contains_key(&who) {
                 q.turns.push_back(who);
             }
-            let Some((_, waiter)) = next else { continue };
             q.queued -= 1;
-            match waiter.send(seat) {
-                Ok(()) => {
-                    self.metrics.queued(self.name).set(gauge(q.queued));
-                    return;
-                }
-                // Its caller gave up: the next one.
-                Err(back) => seat = back,
+            q.free -= needed;
+            self.metrics.in_flight(self.name).inc_by(gauge(needed));
+            let seat = Seat { level: Some(self.clone()), width: needed };
+            if let Err(mut back) = waiter.send(seat) {
+                // Its caller gave up: the seats are free again (disarmed,
+                // so that dropping them does not release them twice).
+                back.level = None;
+                q.free += needed;
+                self.metrics.in_flight(self.name).dec_by(gauge(needed));
             }
         }
-        // No one waits: the seat is free (disarmed, so that dropping it does
-        // not release it again).
-        seat.level = None;
-        q.free += 1;
-        self.metrics.in_flight(self.name).dec();
         self.metrics.queued(self.name).set(gauge(q.queued));
     }
 }
@@ -254,13 +294,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn seats_go_round_robin_between_identities() {
         let f = Arc::new(fairness(1, 10));
-        let held = f.admit("flood", Role::Viewer).await.unwrap();
+        let held = f.admit("flood", Role::Viewer, 1).await.unwrap();
         // The flood queues three calls, then alice one.
         let (tx, mut order) = tokio::sync::mpsc::unbounded_channel();
         for who in ["flood", "flood", "flood", "alice"] {
             let (f, tx) = (f.clone(), tx.clone());
             tokio::spawn(async move {
-                let seat = f.admit(who, Role::Viewer).await.unwrap();
+                let seat = f.admit(who, Role::Viewer, 1).await.unwrap();
                 tx.send(who).unwrap();
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 drop(seat);
@@ -279,22 +319,22 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn full_queues_and_long_waits_are_refused_and_other_levels_never_wait() {
         let f = Arc::new(fairness(1, 2));
-        let _held = f.admit("flood", Role::Viewer).await.unwrap();
+        let _held = f.admit("flood", Role::Viewer, 1).await.unwrap();
         let waiting: Vec<_> = (0..2)
             .map(|_| {
                 let f = f.clone();
-                tokio::spawn(async move { f.admit("flood", Role::Viewer).await.map(drop) })
+                tokio::spawn(async move { f.admit("flood", Role::Viewer, 1).await.map(drop) })
             })
             .collect();
         tokio::task::yield_now().await;
-        let refused = f.admit("flood", Role::Viewer).await.unwrap_err();
+        let refused = f.admit("flood", Role::Viewer, 1).await.unwrap_err();
         assert_eq!(refused.code(), Code::ResourceExhausted);
         assert!(refused.message().contains("2 calls are queued"), "{refused:?}");
         let details = refused.get_error_details();
         assert_eq!(details.retry_info().and_then(|r| r.retry_delay), Some(RETRY_AFTER));
         // Editors, the reconciler and admins do not wait for viewers.
-        let _editor = f.admit("eddie", Role::Editor).await.unwrap();
-        let _reconciler = f.admit("gateway-reconciler", Role::Reconciler).await.unwrap();
+        let _editor = f.admit("eddie", Role::Editor, 1).await.unwrap();
+        let _reconciler = f.admit("gateway-reconciler", Role::Reconciler, 1).await.unwrap();
         // A queued call waits at most the queue wait.
         for w in waiting {
             let timed_out = w.await.unwrap().unwrap_err();
@@ -305,10 +345,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_waiter_that_gave_up_does_not_keep_the_seat() {
         let f = Arc::new(fairness(1, 10));
-        let held = f.admit("a", Role::Viewer).await.unwrap();
+        let held = f.admit("a", Role::Viewer, 1).await.unwrap();
         let gave_up = {
             let f = f.clone();
-            tokio::spawn(async move { f.admit("b", Role::Viewer).await })
+            tokio::spawn(async move { f.admit("b", Role::Viewer, 1).await })
         };
         tokio::task::yield_now().await;
         gave_up.abort();
@@ -316,7 +356,39 @@ mod tests {
         drop(held);
         // The seat is free again: the next call takes it at once.
         let again =
-            tokio::time::timeout(Duration::from_millis(1), f.admit("c", Role::Viewer)).await;
+            tokio::time::timeout(Duration::from_millis(1), f.admit("c", Role::Viewer, 1)).await;
         assert!(again.is_ok_and(|s| s.is_ok()), "the seat was lost");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_list_takes_seats_by_its_page_and_waits_for_them() {
+        assert_eq!((width(None), width(Some(1)), width(Some(100)), width(Some(101))), (1, 1, 1, 2));
+        let f = Arc::new(fairness(4, 10));
+        // A page of 1,000 takes every seat of the level (4), not 10.
+        let wide = f.admit("lister", Role::Viewer, width(Some(1000))).await.unwrap();
+        let small = {
+            let f = f.clone();
+            tokio::spawn(async move { f.admit("other", Role::Viewer, 1).await.map(drop) })
+        };
+        tokio::task::yield_now().await;
+        assert!(!small.is_finished(), "a call got a seat while a full-width list held them all");
+        drop(wide);
+        small.await.unwrap().unwrap();
+        // Two pages of 200 fit beside each other; a third waits.
+        let (a, b) = (
+            f.admit("x", Role::Viewer, width(Some(200))).await.unwrap(),
+            f.admit("y", Role::Viewer, width(Some(200))).await.unwrap(),
+        );
+        let third = {
+            let f = f.clone();
+            tokio::spawn(
+                async move { f.admit("z", Role::Viewer, width(Some(200))).await.map(drop) },
+            )
+        };
+        tokio::task::yield_now().await;
+        assert!(!third.is_finished());
+        drop(a);
+        third.await.unwrap().unwrap();
+        drop(b);
     }
 }

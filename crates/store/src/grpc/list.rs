@@ -18,15 +18,23 @@ pub const MAX_PAGE_SIZE: usize = 1000;
 /// under the 4 MiB a default gRPC client accepts.
 pub const PAGE_BYTE_BUDGET: usize = 2 * 1024 * 1024;
 
+/// The page size a request asks for, as served (a negative one is refused
+/// by [`list`]; here it counts as the default).
+pub fn effective_page_size(requested: i32) -> usize {
+    match requested {
+        n if n <= 0 => DEFAULT_PAGE_SIZE,
+        n => usize::try_from(n).unwrap_or(MAX_PAGE_SIZE).min(MAX_PAGE_SIZE),
+    }
+}
+
 pub(super) async fn list(
     storage: &dyn Storage,
     request: ListGatewaysRequest,
 ) -> Result<ListGatewaysResponse, Status> {
-    let page_size = match request.page_size {
-        0 => DEFAULT_PAGE_SIZE,
-        n if n < 0 => return Err(invalid("page_size", "must be 0 (default 100) or more")),
-        n => usize::try_from(n).unwrap_or(MAX_PAGE_SIZE).min(MAX_PAGE_SIZE),
-    };
+    if request.page_size < 0 {
+        return Err(invalid("page_size", "must be 0 (default 100) or more"));
+    }
+    let page_size = effective_page_size(request.page_size);
     let selector = Selector::parse(&request.label_selector)
         .map_err(|e| invalid("label_selector", e.to_string()))?;
     let key = storage.page_token_key();

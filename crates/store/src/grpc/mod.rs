@@ -80,9 +80,13 @@ impl GatewayApi {
 
     /// The caller, and a seat of its priority level (held until the call
     /// ends; a watch's until its stream starts).
-    async fn admit<T>(&self, request: &Request<T>) -> Result<(Principal, Seat), Status> {
+    async fn admit<T>(
+        &self,
+        request: &Request<T>,
+        width: usize,
+    ) -> Result<(Principal, Seat), Status> {
         let principal = self.authenticate(request).await?;
-        let seat = self.fairness.admit(&principal.subject, principal.role).await?;
+        let seat = self.fairness.admit(&principal.subject, principal.role, width).await?;
         Ok((principal, seat))
     }
 }
@@ -98,7 +102,7 @@ impl GatewayService for GatewayApi {
         &self,
         request: Request<CreateGatewayRequest>,
     ) -> Result<Response<Gateway>, Status> {
-        let (principal, _seat) = self.admit(&request).await?;
+        let (principal, _seat) = self.admit(&request, 1).await?;
         create::create(&self.writer, principal, request.into_inner()).await.map(Response::new)
     }
 
@@ -106,7 +110,7 @@ impl GatewayService for GatewayApi {
         &self,
         request: Request<GetGatewayRequest>,
     ) -> Result<Response<Gateway>, Status> {
-        let _seat = self.admit(&request).await?;
+        let _seat = self.admit(&request, 1).await?;
         get::get(self.storage.as_ref(), request.into_inner()).await.map(Response::new)
     }
 
@@ -114,7 +118,8 @@ impl GatewayService for GatewayApi {
         &self,
         request: Request<ListGatewaysRequest>,
     ) -> Result<Response<ListGatewaysResponse>, Status> {
-        let _seat = self.admit(&request).await?;
+        let page = list::effective_page_size(request.get_ref().page_size);
+        let _seat = self.admit(&request, fairness::width(Some(page))).await?;
         list::list(self.storage.as_ref(), request.into_inner()).await.map(Response::new)
     }
 
@@ -122,7 +127,7 @@ impl GatewayService for GatewayApi {
         &self,
         request: Request<UpdateGatewayRequest>,
     ) -> Result<Response<Gateway>, Status> {
-        let (principal, _seat) = self.admit(&request).await?;
+        let (principal, _seat) = self.admit(&request, 1).await?;
         update::update(&self.writer, principal, request.into_inner()).await.map(Response::new)
     }
 
@@ -130,7 +135,7 @@ impl GatewayService for GatewayApi {
         &self,
         request: Request<DeleteGatewayRequest>,
     ) -> Result<Response<Gateway>, Status> {
-        let (principal, _seat) = self.admit(&request).await?;
+        let (principal, _seat) = self.admit(&request, 1).await?;
         delete::delete(&self.writer, principal, request.into_inner()).await.map(Response::new)
     }
 
@@ -140,7 +145,7 @@ impl GatewayService for GatewayApi {
         &self,
         request: Request<WatchGatewaysRequest>,
     ) -> Result<Response<Self::WatchGatewaysStream>, Status> {
-        let (principal, seat) = self.admit(&request).await?;
+        let (principal, seat) = self.admit(&request, 1).await?;
         let slot = self.watch_quota.acquire(&principal.subject)?;
         let (metadata, certificates) = (request.metadata().clone(), request.peer_certs());
         let request = request.into_inner();
