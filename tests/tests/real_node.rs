@@ -148,8 +148,7 @@ async fn images_built_here_run_on_a_real_node() {
     // A gateway's pods answer through its Service once Ready.
     node.kubectl_stdin(&["apply", "-f", "-"], &deployment("web", "gantry.test/gateway:1"));
     ready(&node, "app=web");
-    let cluster_ip =
-        node.kubectl(&["-n", "real", "get", "svc", "web", "-o", "jsonpath={.spec.clusterIP}"]);
+    let cluster_ip = service_ip(&node, "real", "web");
     assert!(cluster_ip.starts_with("10.96."), "{cluster_ip}");
     let page = page_with(&format!("http://{cluster_ip}:443/"), "gantry test gateway").await;
     assert!(
@@ -317,25 +316,8 @@ async fn the_pair_from_the_dev_overlay_converges_a_gateway_whose_pods_answer() {
         .output()
         .unwrap()
     };
-    let created = ctl(&[
-        "create",
-        "gateway",
-        "demo",
-        "--image",
-        "gantry.test/gateway:1",
-        "--supervisor-image",
-        "gantry.test/gateway:1",
-        "--replicas",
-        "1",
-    ]);
-    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
-    let waited = ctl(&["wait", "demo", "--for=jsonpath={.status.phase}=RUNNING", "--timeout=240s"]);
-    assert!(
-        waited.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&waited.stderr),
-        node.diagnostics()
-    );
+    create_gateway(&ctl, "demo", "gantry.test/gateway:1");
+    wait_phase(&node, &ctl, "demo", "RUNNING");
     // RUNNING only once the pods are Ready.
     let ready = node.kubectl(&[
         "-n",
@@ -346,15 +328,7 @@ async fn the_pair_from_the_dev_overlay_converges_a_gateway_whose_pods_answer() {
         "jsonpath={.items[*].status.conditions[?(@.type==\"Ready\")].status}",
     ]);
     assert_eq!(ready, "True", "RUNNING with pods not Ready");
-    let cluster_ip = node.kubectl(&[
-        "-n",
-        "gantry-gateways",
-        "get",
-        "svc",
-        "demo",
-        "-o",
-        "jsonpath={.spec.clusterIP}",
-    ]);
+    let cluster_ip = service_ip(&node, "gantry-gateways", "demo");
     let page = page_with(&format!("http://{cluster_ip}:443/"), "gantry test gateway").await;
     assert!(
         page.contains("gantry test gateway"),
@@ -429,26 +403,8 @@ async fn the_pair_from_the_dev_overlay_converges_a_gateway_whose_pods_answer() {
     // A gateway whose pods never become Ready ends DEGRADED with the
     // Deployment's ProgressDeadlineExceeded, as on kwok (the reconciler
     // runs with --progress-deadline=15s here).
-    let stuck = ctl(&[
-        "create",
-        "gateway",
-        "stuck",
-        "--image",
-        "gantry.test/never-ready:1",
-        "--supervisor-image",
-        "gantry.test/gateway:1",
-        "--replicas",
-        "1",
-    ]);
-    assert!(stuck.status.success(), "{}", String::from_utf8_lossy(&stuck.stderr));
-    let degraded =
-        ctl(&["wait", "stuck", "--for=jsonpath={.status.phase}=DEGRADED", "--timeout=240s"]);
-    assert!(
-        degraded.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&degraded.stderr),
-        node.diagnostics()
-    );
+    create_gateway(&ctl, "stuck", "gantry.test/never-ready:1");
+    wait_phase(&node, &ctl, "stuck", "DEGRADED");
     let shown = ctl(&["get", "stuck", "-o", "json"]);
     let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
     let conditions = shown["status"]["conditions"].as_array().cloned().unwrap_or_default();
@@ -464,15 +420,7 @@ async fn the_pair_from_the_dev_overlay_converges_a_gateway_whose_pods_answer() {
     // `kubectl rollout restart` of the store (Recreate: it is away for a
     // while) under a client writing through its Service: every write it
     // was told succeeded is there afterwards, and its retries are bounded.
-    let store_ip = node.kubectl(&[
-        "-n",
-        "gantry",
-        "get",
-        "svc",
-        "gateway-store",
-        "-o",
-        "jsonpath={.spec.clusterIP}",
-    ]);
+    let store_ip = service_ip(&node, "gantry", "gateway-store");
     let client = gantry_client::ClientConfig {
         endpoint: format!("http://{store_ip}:50051"),
         token: Some(token.clone()),
@@ -608,39 +556,14 @@ async fn the_postgres_overlay_runs_two_stores_behind_tls_and_a_killed_one_loses_
         let common = ["--server", &server, "--ca", &ca, "--token", &admin];
         gantry_testkit::ctl::ctl_command(&[&common[..], args].concat()).output().unwrap()
     };
-    let created = ctl(&[
-        "create",
-        "gateway",
-        "demo",
-        "--image",
-        "gantry.test/gateway:1",
-        "--supervisor-image",
-        "gantry.test/gateway:1",
-        "--replicas",
-        "1",
-    ]);
-    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
-    let waited = ctl(&["wait", "demo", "--for=jsonpath={.status.phase}=RUNNING", "--timeout=240s"]);
-    assert!(
-        waited.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&waited.stderr),
-        node.diagnostics()
-    );
+    create_gateway(&ctl, "demo", "gantry.test/gateway:1");
+    wait_phase(&node, &ctl, "demo", "RUNNING");
     let _ = forward.kill();
     let _ = forward.wait();
 
     // A client writing through the Service's ClusterIP (TLS checked
     // against the Service's name) while one store is killed.
-    let store_ip = node.kubectl(&[
-        "-n",
-        "gantry",
-        "get",
-        "svc",
-        "gateway-store",
-        "-o",
-        "jsonpath={.spec.clusterIP}",
-    ]);
+    let store_ip = service_ip(&node, "gantry", "gateway-store");
     let client = gantry_client::ClientConfig {
         endpoint: format!("https://{store_ip}:50051"),
         token: Some(admin.clone()),
@@ -718,6 +641,44 @@ async fn the_postgres_overlay_runs_two_stores_behind_tls_and_a_killed_one_loses_
     drop(node);
     db.drop_database().await;
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// gatewayctl, as a test runs it.
+type Gatewayctl<'a> = dyn Fn(&[&str]) -> std::process::Output + 'a;
+
+/// `gatewayctl create gateway NAME` with `image` (the test gateway as its
+/// supervisor), one replica.
+fn create_gateway(ctl: &Gatewayctl<'_>, name: &str, image: &str) {
+    let created = ctl(&[
+        "create",
+        "gateway",
+        name,
+        "--image",
+        image,
+        "--supervisor-image",
+        "gantry.test/gateway:1",
+        "--replicas",
+        "1",
+    ]);
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+}
+
+/// `gatewayctl wait` until the store reports `name` in `phase` (4 minutes
+/// at most; the node's state on failure).
+fn wait_phase(node: &RealNode, ctl: &Gatewayctl<'_>, name: &str, phase: &str) {
+    let wanted = format!("--for=jsonpath={{.status.phase}}={phase}");
+    let waited = ctl(&["wait", name, &wanted, "--timeout=240s"]);
+    assert!(
+        waited.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&waited.stderr),
+        node.diagnostics()
+    );
+}
+
+/// The ClusterIP of a Service.
+fn service_ip(node: &RealNode, namespace: &str, name: &str) -> String {
+    node.kubectl(&["-n", namespace, "get", "svc", name, "-o", "jsonpath={.spec.clusterIP}"])
 }
 
 /// The output of kubectl `args` (as the admin) once it ends by itself.
