@@ -17,7 +17,7 @@ use gantry_api::v1::{
 use gantry_client::{ClientConfig, GatewayClient};
 use gantry_testkit::jwt::{kid_of, now, Signer};
 use gantry_testkit::k8s::ControlPlane;
-use gantry_testkit::{eventually, temp_dir, ReconcilerProcess, StoreProcess};
+use gantry_testkit::{eventually, replace_file, temp_dir, ReconcilerProcess, StoreProcess};
 use tonic::Code;
 
 const ADMIN: &str = "admin-token-000000000001";
@@ -167,14 +167,6 @@ async fn service_account_tokens_are_verified_against_the_api_server_and_reviewed
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// Replaces a file the way the kubelet updates a projected token: a new
-/// file renamed over it.
-fn replace(path: &Path, contents: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, contents).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reconciler_runs_on_a_rotated_service_account_token_and_stays_ready() {
     let Some(plane) = ControlPlane::shared() else { return };
@@ -202,7 +194,7 @@ async fn the_reconciler_runs_on_a_rotated_service_account_token_and_stays_ready(
     let store = store(plane, &dir, &bindings);
     let token_file = dir.join("token");
     let first = bound_to("first");
-    replace(&token_file, &first);
+    replace_file(&token_file, &first);
     let manifests = dir.join("manifests");
     let reconciler = ReconcilerProcess::start(
         &store.endpoint(),
@@ -242,7 +234,7 @@ async fn the_reconciler_runs_on_a_rotated_service_account_token_and_stays_ready(
 
     // The kubelet's rotation: a new token in the file, then the old one
     // revoked (its Secret deleted) and refused by the store.
-    replace(&token_file, &bound_to("second"));
+    replace_file(&token_file, &bound_to("second"));
     plane.kubectl(&["-n", &ns, "delete", "secret", "first"]);
     eventually(PATIENCE, "the first token refused", || async {
         list(&store, &first).await.is_err_and(|s| s.code() == Code::Unauthenticated)

@@ -11,7 +11,7 @@ use gantry_api::v1::{
     CreateGatewayRequest, Gateway, GatewaySpec, ObjectMeta, Phase, WatchGatewaysRequest,
 };
 use gantry_client::ClientConfig;
-use gantry_testkit::{eventually_some, temp_dir, ReconcilerProcess, StoreProcess};
+use gantry_testkit::{eventually_some, replace_file, temp_dir, ReconcilerProcess, StoreProcess};
 use tokio_stream::StreamExt;
 
 const ADMIN: &str = "admin-token-000000000001";
@@ -21,13 +21,6 @@ const PATIENCE: Duration = Duration::from_secs(30);
 
 fn tokens(lines: &[String]) -> String {
     lines.join("\n") + "\n"
-}
-
-/// Replaces a file the way secret mounts do: a new file renamed over it.
-fn replace(path: &std::path::Path, contents: &str) {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, contents).unwrap();
-    std::fs::rename(&tmp, path).unwrap();
 }
 
 /// Polls the reconciler's /readyz until its answer satisfies `done`.
@@ -66,7 +59,7 @@ async fn an_open_watch_ends_unauthenticated_when_its_token_expires_or_is_removed
     let file = dir.join("tokens.csv");
     let expiring = "viewer-token-expiring-01";
     let removed = "viewer-token-removed-002";
-    replace(&file, &tokens(&[format!("{ADMIN},root,admin"), format!("{removed},bob,viewer")]));
+    replace_file(&file, &tokens(&[format!("{ADMIN},root,admin"), format!("{removed},bob,viewer")]));
     let database = format!("sqlite://{}", dir.join("gantry.db").display());
     let store =
         StoreProcess::start_with(&database, &dir, &["--tokens-file", file.to_str().unwrap()]);
@@ -85,7 +78,7 @@ async fn an_open_watch_ends_unauthenticated_when_its_token_expires_or_is_removed
     // A token added to the running store's file, valid for a few seconds.
     let expires_at = SystemTime::now() + Duration::from_secs(4);
     let expires = rfc3339(expires_at);
-    replace(
+    replace_file(
         &file,
         &tokens(&[
             format!("{ADMIN},root,admin"),
@@ -109,7 +102,7 @@ async fn an_open_watch_ends_unauthenticated_when_its_token_expires_or_is_removed
     let mut removed_watch = watch(removed).await.unwrap();
 
     // Bob's token leaves the file: his watch ends at once with UNAUTHENTICATED.
-    replace(
+    replace_file(
         &file,
         &tokens(&[format!("{ADMIN},root,admin"), format!("{expiring},alice,viewer,{expires}")]),
     );
@@ -130,11 +123,11 @@ async fn a_reconciler_with_a_revoked_token_is_not_ready_and_resumes_with_a_new_o
     let dir = temp_dir("token-rotation");
     let store_file = dir.join("tokens.csv");
     let reconciler_file = dir.join("reconciler.token");
-    replace(
+    replace_file(
         &store_file,
         &tokens(&[format!("{ADMIN},root,admin"), format!("{OLD},gateway-reconciler,reconciler")]),
     );
-    replace(&reconciler_file, OLD);
+    replace_file(&reconciler_file, OLD);
     let database = format!("sqlite://{}", dir.join("gantry.db").display());
     let store =
         StoreProcess::start_with(&database, &dir, &["--tokens-file", store_file.to_str().unwrap()]);
@@ -155,7 +148,7 @@ async fn a_reconciler_with_a_revoked_token_is_not_ready_and_resumes_with_a_new_o
     wait_http(reconciler.http, "ready at start", |a| a.starts_with("HTTP/1.1 200")).await;
 
     // The operator revokes the reconciler's token.
-    replace(&store_file, &tokens(&[format!("{ADMIN},root,admin")]));
+    replace_file(&store_file, &tokens(&[format!("{ADMIN},root,admin")]));
     let answer =
         wait_http(reconciler.http, "not ready once revoked", |a| a.starts_with("HTTP/1.1 503"))
             .await;
@@ -178,11 +171,11 @@ async fn a_reconciler_with_a_revoked_token_is_not_ready_and_resumes_with_a_new_o
         .create_gateway(CreateGatewayRequest { gateway: Some(g), validate_only: false })
         .await
         .unwrap();
-    replace(
+    replace_file(
         &store_file,
         &tokens(&[format!("{ADMIN},root,admin"), format!("{NEW},gateway-reconciler,reconciler")]),
     );
-    replace(&reconciler_file, NEW);
+    replace_file(&reconciler_file, NEW);
     wait_http(reconciler.http, "ready again with the new token", |a| a.starts_with("HTTP/1.1 200"))
         .await;
     gantry_testkit::wait_for_gateway(

@@ -127,6 +127,15 @@ fn kernel_port() -> u16 {
         .expect("free port")
 }
 
+/// Replaces a file the way Secret mounts and the kubelet's projected
+/// tokens change: a new file renamed over it (a reader sees the old or the
+/// new contents, never a half-written file).
+pub fn replace_file(path: &std::path::Path, contents: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, contents).expect("write the new file");
+    std::fs::rename(&tmp, path).expect("rename it over the old one");
+}
+
 /// A fresh directory under the system temp dir.
 pub fn temp_dir(label: &str) -> PathBuf {
     let nanos = std::time::SystemTime::now()

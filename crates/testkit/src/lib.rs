@@ -31,7 +31,8 @@ pub use calls::{replay_creations, wait_for_gateway, Gateways};
 pub use certs::{server_certificate, TestCa};
 pub use db::{Backend, TestDatabase};
 pub use env::{
-    binary, free_port, in_ci, kill_after, skipped, temp_dir, without_test_cargo_env, workspace_root,
+    binary, free_port, in_ci, kill_after, replace_file, skipped, temp_dir, without_test_cargo_env,
+    workspace_root,
 };
 pub use http::{fetch, http_get, wait_for_http, wait_ready};
 pub use process::Process;
