@@ -1,10 +1,11 @@
 //! Every RPC (and every field group of the README's role table) × every
-//! role × valid / missing / invalid / expired credential of two
-//! authenticators (the tokens file, and OIDC tokens whose users the role
-//! bindings name), against a gateway-store process: the expected code for
-//! each, nothing stored by a refused call, and no token in the logs.
-//! (Service-account tokens and client certificates map to roles through
-//! the same bindings: `service_account_auth.rs`, `crates/store/tests/tls.rs`.)
+//! role × every authenticator, against a gateway-store process: the tokens
+//! file (valid, expired, unknown, missing), OIDC tokens whose users the
+//! role bindings name (valid, expired), client certificates on the TLS
+//! listener (valid, expired: refused at the handshake) and, on a real API
+//! server, service-account tokens (the store's audience, another one).
+//! The expected code for each, nothing stored by a refused call, and no
+//! token in the logs.
 #![allow(clippy::unwrap_used)]
 
 use std::time::Duration;
@@ -15,7 +16,8 @@ use gantry_api::v1::{
 };
 use gantry_client::{ClientConfig, GatewayClient};
 use gantry_testkit::gateway::gateway;
-use gantry_testkit::{eventually, temp_dir, StoreProcess};
+use gantry_testkit::k8s::ControlPlane;
+use gantry_testkit::{eventually, temp_dir, StoreProcess, TestCa};
 use prost_types::FieldMask;
 use tonic::Code;
 
@@ -28,26 +30,89 @@ enum Credential {
     /// An OIDC token of the user bound to the role.
     Oidc(&'static str),
     OidcExpired(&'static str),
+    /// A client certificate whose group is bound to the role.
+    Certificate(&'static str),
+    CertificateExpired(&'static str),
+    /// A token of the service account bound to the role.
+    ServiceAccount(&'static str),
+    ServiceAccountOtherAudience(&'static str),
     Unknown,
     Missing,
 }
 
-/// The OIDC provider's key and name.
-struct Idp {
+/// Where the credentials come from: the OIDC provider's key and name, the
+/// CA of client certificates, the service accounts' tokens.
+struct Callers {
     signer: gantry_testkit::jwt::Signer,
-    issuer: String,
+    /// Serves its discovery and keys while the test runs.
+    provider: gantry_testkit::oidc::OidcProvider,
+    client_ca: TestCa,
+    /// The CA the store's serving certificate is signed by.
+    server_ca: TestCa,
+    /// By role: a token for the store's audience, and one for another.
+    service_accounts: std::collections::HashMap<&'static str, (String, String)>,
 }
 
-impl Idp {
-    fn token(&self, role: &str, expired: bool) -> String {
+impl Callers {
+    async fn new() -> Self {
+        let signer = gantry_testkit::jwt::Signer::new("matrix");
+        let provider = gantry_testkit::oidc::OidcProvider::start(&[&signer]).await;
+        let (client_ca, server_ca) = (TestCa::new("client-ca"), TestCa::new("server-ca"));
+        Self { signer, provider, client_ca, server_ca, service_accounts: Default::default() }
+    }
+
+    fn oidc_token(&self, role: &str, expired: bool) -> String {
         use gantry_testkit::jwt::now;
         let (start, end) =
             if expired { (now() - 7200, now() - 3600) } else { (now(), now() + 600) };
-        self.signer.sign(&serde_json::json!({
-            "iss": self.issuer, "aud": "gantry", "sub": format!("u-{role}"),
-            "email": format!("{role}@example.com"), "email_verified": true,
-            "iat": start, "exp": end,
-        }))
+        let email = format!("{role}@example.com");
+        let claims =
+            gantry_testkit::jwt::person(&self.provider.issuer, "gantry", &email, &[], start..end);
+        self.signer.sign(&claims)
+    }
+
+    fn token(&self, credential: Credential) -> Option<String> {
+        let account = |role| self.service_accounts.get(role).expect("a service account per role");
+        match credential {
+            Credential::Valid(role) => Some(valid_token(role)),
+            Credential::Expired(role) => Some(expired_token(role)),
+            Credential::Oidc(role) => Some(self.oidc_token(role, false)),
+            Credential::OidcExpired(role) => Some(self.oidc_token(role, true)),
+            Credential::ServiceAccount(role) => Some(account(role).0.clone()),
+            Credential::ServiceAccountOtherAudience(role) => Some(account(role).1.clone()),
+            Credential::Unknown => Some(UNKNOWN_TOKEN.into()),
+            Credential::Missing
+            | Credential::Certificate(_)
+            | Credential::CertificateExpired(_) => None,
+        }
+    }
+
+    /// A client of `store` (over TLS) calling with `credential`.
+    fn client(&self, store: &StoreProcess, credential: Credential) -> GatewayClient {
+        let identity = match credential {
+            Credential::Certificate(role) => Some((3600, role)),
+            Credential::CertificateExpired(role) => Some((-3600, role)),
+            _ => None,
+        };
+        let client_identity = identity.map(|(not_after, role)| {
+            let (cert, key) = self.client_ca.client(
+                &format!("{role}-cert"),
+                &[role],
+                not_after - 3600,
+                not_after,
+            );
+            (cert.into_bytes(), key.into_bytes())
+        });
+        ClientConfig {
+            endpoint: format!("https://127.0.0.1:{}", store.grpc),
+            token: self.token(credential),
+            ca_pem: Some(self.server_ca.pem.clone().into_bytes()),
+            tls_domain: Some("localhost".into()),
+            client_identity,
+            ..Default::default()
+        }
+        .connect_lazy()
+        .unwrap()
     }
 }
 
@@ -89,21 +154,17 @@ fn expired_token(role: &str) -> String {
 
 const UNKNOWN_TOKEN: &str = "unknown-token-0123456789abcdef";
 
-fn token(idp: &Idp, credential: Credential) -> Option<String> {
-    match credential {
-        Credential::Valid(role) => Some(valid_token(role)),
-        Credential::Expired(role) => Some(expired_token(role)),
-        Credential::Oidc(role) => Some(idp.token(role, false)),
-        Credential::OidcExpired(role) => Some(idp.token(role, true)),
-        Credential::Unknown => Some(UNKNOWN_TOKEN.into()),
-        Credential::Missing => None,
-    }
-}
-
 /// The table: what each call must answer.
 fn expected(rpc: Rpc, credential: Credential) -> Code {
-    let (Credential::Valid(role) | Credential::Oidc(role)) = credential else {
-        return Code::Unauthenticated;
+    let role = match credential {
+        Credential::Valid(role)
+        | Credential::Oidc(role)
+        | Credential::Certificate(role)
+        | Credential::ServiceAccount(role) => role,
+        // Refused at the TLS handshake: the transport fails, no call is
+        // answered.
+        Credential::CertificateExpired(_) => return Code::Unavailable,
+        _ => return Code::Unauthenticated,
     };
     let allowed = match rpc {
         Rpc::Get | Rpc::List | Rpc::Watch => true,
@@ -119,12 +180,6 @@ fn expected(rpc: Rpc, credential: Credential) -> Code {
     } else {
         Code::PermissionDenied
     }
-}
-
-fn client(store: &StoreProcess, idp: &Idp, credential: Credential) -> GatewayClient {
-    ClientConfig { endpoint: store.endpoint(), token: token(idp, credential), ..Default::default() }
-        .connect_lazy()
-        .unwrap()
 }
 
 async fn get(admin: &mut GatewayClient, name: &str) -> Result<Gateway, tonic::Status> {
@@ -248,9 +303,14 @@ async fn call(
     answered
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_rpc_role_and_token_state_answers_as_the_table_says() {
-    let dir = temp_dir("auth-matrix");
+/// A store over TLS taking every authenticator: the tokens file (a valid
+/// and an expired token per role), OIDC, client certificates and, with a
+/// `plane`, its service-account tokens. Each role is bound to its OIDC
+/// user, its certificate group and its service account in `namespace`.
+async fn start(
+    dir: &std::path::Path,
+    plane: Option<(&ControlPlane, &str)>,
+) -> (StoreProcess, Callers) {
     let tokens = dir.join("tokens.csv");
     let mut lines = String::from("# role tokens, one valid and one expired per role\n");
     for role in ROLES {
@@ -259,81 +319,154 @@ async fn every_rpc_role_and_token_state_answers_as_the_table_says() {
             .push_str(&format!("{},{role}-old,{role},2020-01-01T00:00:00Z\n", expired_token(role)));
     }
     std::fs::write(&tokens, lines).unwrap();
-    // OIDC: one user per role, bound in the role bindings.
-    let signer = gantry_testkit::jwt::Signer::new("matrix");
-    let provider = gantry_testkit::oidc::OidcProvider::start(&[&signer]).await;
-    let idp = Idp { signer, issuer: provider.issuer.clone() };
-    let ca = dir.join("idp-ca.pem");
-    std::fs::write(&ca, &provider.ca_pem).unwrap();
+    let callers = Callers::new().await;
+    let provider = &callers.provider;
+    let path = |name: &str, content: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, content).unwrap();
+        path.to_str().unwrap().to_string()
+    };
     let mut bindings = String::from("bindings:\n");
     for role in ROLES {
         bindings.push_str(&format!(
-            "  - role: {role}\n    subjects:\n      - {{kind: User, name: {role}@example.com}}\n"
+            "  - role: {role}\n    subjects:\n      - {{kind: User, name: {role}@example.com}}\n      - {{kind: Group, name: {role}}}\n"
         ));
+        if let Some((_, namespace)) = plane {
+            bindings.push_str(&format!(
+                "      - {{kind: ServiceAccount, namespace: {namespace}, name: {role}-sa}}\n"
+            ));
+        }
     }
-    let bindings_file = dir.join("bindings.yaml");
-    std::fs::write(&bindings_file, bindings).unwrap();
+    let (cert, key) = callers.server_ca.server(&["localhost"]);
     let url = format!("sqlite://{}", dir.join("gantry.db").display());
-    let store = StoreProcess::start_with(
-        &url,
-        &dir,
-        &[
-            "--tokens-file",
-            tokens.to_str().unwrap(),
-            "--oidc-issuer-url",
-            &provider.issuer,
-            "--oidc-client-id",
-            "gantry",
-            "--oidc-ca-file",
-            ca.to_str().unwrap(),
-            "--oidc-username-claim",
-            "email",
-            "--role-bindings-file",
-            bindings_file.to_str().unwrap(),
-            "--log-level",
-            "debug",
-        ],
-    );
-    let mut admin = client(&store, &idp, Credential::Valid("admin"));
-
-    let mut credentials = vec![Credential::Unknown, Credential::Missing];
-    for role in ROLES {
-        credentials.push(Credential::Valid(role));
-        credentials.push(Credential::Expired(role));
-        credentials.push(Credential::Oidc(role));
-        credentials.push(Credential::OidcExpired(role));
+    let mut flags = vec![
+        "--tokens-file".to_string(),
+        tokens.to_str().unwrap().into(),
+        "--oidc-issuer-url".into(),
+        provider.issuer.clone(),
+        "--oidc-client-id".into(),
+        "gantry".into(),
+        "--oidc-ca-file".into(),
+        path("idp-ca.pem", &provider.ca_pem),
+        "--oidc-username-claim".into(),
+        "email".into(),
+        "--tls-cert".into(),
+        path("tls.crt", &cert),
+        "--tls-key".into(),
+        path("tls.key", &key),
+        "--client-ca".into(),
+        path("client-ca.pem", &callers.client_ca.pem),
+        "--role-bindings-file".into(),
+        path("bindings.yaml", &bindings),
+        "--log-level".into(),
+        "debug".into(),
+    ];
+    let mut env = Vec::new();
+    if let Some((plane, _)) = plane {
+        flags.push("--service-account-tokens".into());
+        env.push(("KUBECONFIG", plane.admin_kubeconfig.to_str().unwrap()));
     }
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let store = StoreProcess::start_with_env(&url, dir, &flags, &env);
+    (store, callers)
+}
+
+/// Every RPC with every credential, each against the table; the number of
+/// cases.
+async fn run(store: &StoreProcess, callers: &Callers, credentials: &[Credential]) -> usize {
+    let mut admin = callers.client(store, Credential::Valid("admin"));
     let mut mismatches = Vec::new();
     let mut case = 0;
     for rpc in RPCS {
-        for credential in &credentials {
+        for credential in credentials {
             case += 1;
-            let mut c = client(&store, &idp, *credential);
+            let mut c = callers.client(store, *credential);
             let answered = call(rpc, case, &mut c, &mut admin).await;
             let want = expected(rpc, *credential);
-            if answered != want {
+            // A handshake the server ends (TLS 1.3 checks the client's
+            // certificate after the client thinks it is done) fails the
+            // call as whichever transport error the client meets first.
+            let transport = [Code::Unavailable, Code::Unknown, Code::Cancelled];
+            let handshake_refused = want == Code::Unavailable && transport.contains(&answered);
+            if answered != want && !handshake_refused {
                 mismatches
                     .push(format!("{rpc:?} with {credential:?}: {answered:?}, want {want:?}"));
             }
         }
     }
     assert!(mismatches.is_empty(), "{}", mismatches.join("\n"));
-    assert_eq!(case, RPCS.len() * (2 + 4 * ROLES.len()));
+    case
+}
 
-    // Refusals are logged (an audit trail), tokens never are.
-    let logged = "a refusal and an expired token's subject logged";
+/// Refusals are logged (an audit trail) with `subject`, tokens never are.
+async fn logged_without(store: &StoreProcess, subject: &str, secrets: &[String]) {
+    let logged = "a refusal and its subject logged";
     eventually(Duration::from_secs(10), logged, || async {
         let logs = store.logs();
-        logs.contains("request refused") && logs.contains("reconciler-old")
+        logs.contains("request refused") && logs.contains(subject)
     })
     .await;
     let logs = store.logs();
+    for secret in secrets {
+        assert!(!logs.contains(secret.as_str()), "a token appears in the store's logs");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rpc_role_and_credential_answers_as_the_table_says() {
+    let dir = temp_dir("auth-matrix");
+    let (store, callers) = start(&dir, None).await;
+    let mut credentials = vec![Credential::Unknown, Credential::Missing];
+    for role in ROLES {
+        credentials.extend([
+            Credential::Valid(role),
+            Credential::Expired(role),
+            Credential::Oidc(role),
+            Credential::OidcExpired(role),
+            Credential::Certificate(role),
+            Credential::CertificateExpired(role),
+        ]);
+    }
+    let cases = run(&store, &callers, &credentials).await;
+    assert_eq!(cases, RPCS.len() * (2 + 6 * ROLES.len()));
+
     let mut secrets: Vec<String> = ROLES.iter().map(|r| valid_token(r)).collect();
     secrets.extend(ROLES.iter().map(|r| expired_token(r)));
     secrets.push(UNKNOWN_TOKEN.into());
-    for secret in secrets {
-        assert!(!logs.contains(&secret), "a token appears in the store's logs");
+    // An expired token's subject, and a certificate's user.
+    logged_without(&store, "reconciler-old", &secrets).await;
+    logged_without(&store, "viewer-cert", &secrets).await;
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rpc_and_role_of_service_account_tokens_answers_as_the_table_says() {
+    let Some(plane) = ControlPlane::shared() else { return };
+    let namespace = plane.namespace("auth-matrix");
+    let dir = temp_dir("auth-matrix-sa");
+    let (store, mut callers) = start(&dir, Some((plane, &namespace))).await;
+    let mut credentials = Vec::new();
+    for role in ROLES {
+        let account = format!("{role}-sa");
+        plane.kubectl(&["-n", &namespace, "create", "serviceaccount", &account]);
+        let token = |audience: &str| {
+            let args = ["-n", &namespace, "create", "token", &account, "--audience", audience];
+            plane.kubectl(&args).trim().to_string()
+        };
+        callers.service_accounts.insert(role, (token("gantry"), token("vault")));
+        credentials.extend([
+            Credential::ServiceAccount(role),
+            Credential::ServiceAccountOtherAudience(role),
+        ]);
     }
+    let cases = run(&store, &callers, &credentials).await;
+    assert_eq!(cases, RPCS.len() * 2 * ROLES.len());
+
+    let secrets: Vec<String> =
+        callers.service_accounts.values().flat_map(|(a, b)| [a.clone(), b.clone()]).collect();
+    let subject = format!("system:serviceaccount:{namespace}:viewer-sa");
+    logged_without(&store, &subject, &secrets).await;
     drop(store);
     let _ = std::fs::remove_dir_all(dir);
 }

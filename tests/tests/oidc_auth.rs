@@ -25,10 +25,7 @@ fn client(store: &StoreProcess, token: &str) -> GatewayClient {
 }
 
 fn person(issuer: &str, email: &str, groups: &[&str]) -> serde_json::Value {
-    serde_json::json!({
-        "iss": issuer, "aud": "gantry-cli", "sub": format!("id-{email}"), "email": email,
-        "email_verified": true, "groups": groups, "iat": now(), "nbf": now(), "exp": now() + 600,
-    })
+    gantry_testkit::jwt::person(issuer, "gantry-cli", email, groups, now()..now() + 600)
 }
 
 async fn create(store: &StoreProcess, token: &str, name: &str) -> Result<(), tonic::Status> {

@@ -301,34 +301,8 @@ pub enum ConfigCommand {
         /// The context's name (the current one with --current and no name).
         #[arg(add = ArgValueCandidates::new(completion::contexts))]
         name: Option<String>,
-        /// gRPC URL of gateway-store.
-        #[arg(long)]
-        server: Option<String>,
-        /// Bearer token.
-        #[arg(long)]
-        token: Option<String>,
-        /// File holding the bearer token, read when used.
-        #[arg(long)]
-        token_file: Option<PathBuf>,
-        /// Command printing the bearer token or an ExecCredential (split at
-        /// spaces; edit the config file for arguments with spaces).
-        #[arg(long)]
-        token_command: Option<String>,
-        /// PEM CA certificate for an https:// server.
-        #[arg(long)]
-        ca: Option<PathBuf>,
-        /// PEM client certificate to present.
-        #[arg(long)]
-        client_certificate: Option<PathBuf>,
-        /// PEM key of the client certificate.
-        #[arg(long)]
-        client_key: Option<PathBuf>,
-        /// Name to check the server's certificate against.
-        #[arg(long)]
-        tls_server_name: Option<String>,
-        /// Make it the current context (or, without a name, change the current one).
-        #[arg(long)]
-        current: bool,
+        #[command(flatten)]
+        change: crate::config::ContextChange,
     },
 }
 

@@ -145,19 +145,8 @@ fn config_cmd(
         ConfigCommand::UseContext { name } => config::use_context(file, path, &name, out),
         ConfigCommand::CurrentContext => config::current_context(&file, path, out),
         ConfigCommand::View { raw } => config::view(&file, raw, out),
-        ConfigCommand::SetContext {
-            name,
-            server,
-            token,
-            token_file,
-            token_command,
-            ca,
-            client_certificate,
-            client_key,
-            tls_server_name,
-            current,
-        } => {
-            let name = match (name, current) {
+        ConfigCommand::SetContext { name, change } => {
+            let name = match (name, change.current) {
                 (Some(name), _) => name,
                 (None, true) if !file.current_context.is_empty() => file.current_context.clone(),
                 _ => {
@@ -165,17 +154,6 @@ fn config_cmd(
                         "name the context (or use --current with a current context)".into(),
                     ))
                 }
-            };
-            let change = config::ContextChange {
-                server,
-                token,
-                token_file,
-                token_command,
-                ca,
-                client_certificate,
-                client_key,
-                tls_server_name,
-                use_it: current,
             };
             config::set_context(file, path, &name, change, out)
         }

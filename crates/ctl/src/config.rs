@@ -75,20 +75,37 @@ pub fn view(file: &ConfigFile, raw: bool, out: &mut impl std::io::Write) -> Resu
     Ok(())
 }
 
-/// What `config set-context` changes.
-#[derive(Debug, Clone, Default)]
+/// What `config set-context` changes (its flags).
+#[derive(clap::Args, Debug, Clone, Default)]
 pub struct ContextChange {
+    /// gRPC URL of gateway-store.
+    #[arg(long)]
     pub server: Option<String>,
+    /// Bearer token.
+    #[arg(long)]
     pub token: Option<String>,
+    /// File holding the bearer token, read when used.
+    #[arg(long)]
     pub token_file: Option<PathBuf>,
-    /// A command line, split at spaces.
+    /// Command printing the bearer token or an ExecCredential (split at
+    /// spaces; edit the config file for arguments with spaces).
+    #[arg(long)]
     pub token_command: Option<String>,
+    /// PEM CA certificate for an https:// server.
+    #[arg(long)]
     pub ca: Option<PathBuf>,
+    /// PEM client certificate to present.
+    #[arg(long)]
     pub client_certificate: Option<PathBuf>,
+    /// PEM key of the client certificate.
+    #[arg(long)]
     pub client_key: Option<PathBuf>,
+    /// Name to check the server's certificate against.
+    #[arg(long)]
     pub tls_server_name: Option<String>,
-    /// Make it the current context.
-    pub use_it: bool,
+    /// Make it the current context (or, without a name, change the current one).
+    #[arg(long)]
+    pub current: bool,
 }
 
 /// `config set-context NAME`: creates the context (a server is then
@@ -140,7 +157,7 @@ pub fn set_context(
         Some(i) => file.contexts[i] = context,
         None => file.contexts.push(context),
     }
-    if change.use_it || file.current_context.is_empty() {
+    if change.current || file.current_context.is_empty() {
         file.current_context = name.into();
     }
     file.save(path).map_err(CtlError::Message)?;

@@ -56,6 +56,23 @@ pub fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// The claims of a person's ID token from `issuer` for the client
+/// `audience`: `email` (verified) and `groups`, valid over `valid` (JWT
+/// times, see [`now`]).
+pub fn person(
+    issuer: &str,
+    audience: &str,
+    email: &str,
+    groups: &[&str],
+    valid: std::ops::Range<u64>,
+) -> serde_json::Value {
+    serde_json::json!({
+        "iss": issuer, "aud": audience, "sub": format!("id-{email}"), "email": email,
+        "email_verified": true, "groups": groups,
+        "iat": valid.start, "nbf": valid.start, "exp": valid.end,
+    })
+}
+
 /// The `kid` in a token's header.
 pub fn kid_of(token: &str) -> Option<String> {
     jsonwebtoken::decode_header(token).ok()?.kid
