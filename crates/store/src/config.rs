@@ -204,6 +204,13 @@ pub struct LimitArgs {
     #[arg(long, env = "GANTRY_MAX_WATCHES_PER_IDENTITY", default_value_t = 2048)]
     pub max_watches_per_identity: usize,
 
+    /// Bytes of database pages (initial objects, events older than the
+    /// watch cache) one identity's watches may hold while their
+    /// subscribers read them; past it a watch waits for another of them to
+    /// drain its page. One page (256 KiB) always fits.
+    #[arg(long, env = "GANTRY_MAX_WATCH_BYTES_PER_IDENTITY", default_value_t = 64 << 20)]
+    pub max_watch_bytes_per_identity: u64,
+
     /// HTTP/2 streams (calls and open watches) per connection.
     #[arg(long, env = "GANTRY_MAX_STREAMS_PER_CONNECTION", default_value_t = 1024)]
     pub max_streams_per_connection: u32,

@@ -114,6 +114,8 @@ pub struct Metrics {
     pub write_batches_failed: Counter,
     /// Watchers ended for falling too far behind.
     pub watchers_too_slow: Counter,
+    /// Bytes of database pages watches hold (`watch::budget`).
+    pub watch_page_bytes: Gauge,
     /// Fair queuing by priority level.
     pub fairness: FairnessMetrics,
 }
@@ -171,9 +173,16 @@ impl Default for Metrics {
             "Watchers ended RESOURCE_EXHAUSTED (WATCHER_TOO_SLOW) for falling too far behind",
             watchers_too_slow.clone(),
         );
+        let watch_page_bytes = Gauge::default();
+        registry.register(
+            "watch_page_bytes",
+            "Bytes of database pages (initial objects, events older than the watch cache) watches hold",
+            watch_page_bytes.clone(),
+        );
         let fairness = FairnessMetrics::default();
         fairness.register(&mut registry);
         Self {
+            watch_page_bytes,
             fairness,
             write_batches_failed,
             watchers_too_slow,

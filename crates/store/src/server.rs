@@ -105,7 +105,11 @@ pub async fn serve(
         settings.storage.clone(),
         core.watch,
         settings.auth.clone(),
-        WatchQuota::new(settings.limits.watches_per_identity),
+        WatchQuota::new(
+            settings.limits.watches_per_identity,
+            settings.limits.watch_bytes_per_identity,
+            metrics.watch_page_bytes.clone(),
+        ),
         Arc::new(Fairness::new(settings.limits.fairness, &metrics.fairness)),
     );
     let observe =

@@ -53,6 +53,8 @@ pub struct Limits {
     pub admin: gantry_runtime::admin::AdminLimits,
     /// Watch streams one identity may hold open.
     pub watches_per_identity: usize,
+    /// Bytes of database pages one identity's watches may hold.
+    pub watch_bytes_per_identity: u64,
     /// Seats and queues of the priority levels.
     pub fairness: FairnessLimits,
 }
@@ -66,6 +68,7 @@ impl Default for Limits {
             keepalive: (Duration::from_secs(30), Duration::from_secs(10)),
             admin: gantry_runtime::admin::AdminLimits::default(),
             watches_per_identity: 2048,
+            watch_bytes_per_identity: 64 << 20,
             fairness: FairnessLimits::default(),
         }
     }
@@ -175,6 +178,7 @@ pub async fn settings_from_config(config: &Config) -> Result<Settings, ServeErro
         keepalive: (config.limits.keepalive_interval, config.limits.keepalive_timeout),
         admin: config.admin.limits(),
         watches_per_identity: config.limits.max_watches_per_identity.max(1),
+        watch_bytes_per_identity: config.limits.max_watch_bytes_per_identity,
         fairness: FairnessLimits {
             editor_seats: config.limits.fair_editor_concurrency.max(1),
             viewer_seats: config.limits.fair_viewer_concurrency.max(1),

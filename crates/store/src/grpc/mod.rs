@@ -150,7 +150,7 @@ impl GatewayService for GatewayApi {
         let (metadata, certificates) = (request.metadata().clone(), request.peer_certs());
         let request = request.into_inner();
         tracing::debug!(subject = %principal.subject, from = request.resource_version, "watch started");
-        let stream = watch::start(self.watch.clone(), &request).await?;
+        let stream = watch::start(self.watch.clone(), &request, slot.budget.clone()).await?;
         // Streaming, the watch no longer holds a seat.
         drop(seat);
         let caller = watch::Caller { metadata, certificates, _slot: slot };

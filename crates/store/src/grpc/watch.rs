@@ -12,6 +12,7 @@ use tonic::{Code, Status};
 
 use super::errors::{invalid, rule_status, storage_status, with_reason};
 use crate::auth::{Auth, Credentials};
+use crate::watch::budget::Budget;
 use crate::watch::filter::Filter;
 use crate::watch::stream::{self, Params, WatchContext, WatchEnd};
 
@@ -43,12 +44,14 @@ pub(super) fn params(request: &WatchGatewaysRequest) -> Result<Params, Status> {
     })
 }
 
-/// Starts the watch `request` asks for.
+/// Starts the watch `request` asks for, its pages charged to `budget`.
 pub(super) async fn start(
     ctx: WatchContext,
     request: &WatchGatewaysRequest,
+    budget: Arc<Budget>,
 ) -> Result<WatchStream, Status> {
-    let events = stream::start(ctx, params(request)?).await.map_err(storage_status)?;
+    let params = params(request)?;
+    let events = stream::start(ctx, params, budget).await.map_err(storage_status)?;
     Ok(Box::pin(events.map(|item| item.map_err(end_status))))
 }
 
@@ -68,6 +71,19 @@ fn end_status(end: WatchEnd) -> Status {
             REASON_TOO_SLOW,
             last,
         ),
+        WatchEnd::OverBudget { resume } => {
+            let why = "this identity's other watches hold their budget of unread pages \
+                       (--max-watch-bytes-per-identity): read or close them";
+            let Some(last) = resume else {
+                return with_reason(
+                    Code::ResourceExhausted,
+                    format!("{why}; start again with send_initial_events"),
+                    gantry_api::reasons::TOO_MANY_WATCHES,
+                    &[],
+                );
+            };
+            (Code::ResourceExhausted, why.to_string(), gantry_api::reasons::TOO_MANY_WATCHES, last)
+        }
         WatchEnd::Reset { last } => {
             (Code::Unavailable, "the watch cache was reset".to_string(), REASON_SHUTTING_DOWN, last)
         }

@@ -11,8 +11,9 @@
 //! ```
 //!
 //! The stream is pulled by the gRPC layer: nothing is buffered per
-//! subscriber beyond one page read from the database (bounded in bytes);
-//! live events are shared with the watch cache. A subscriber that stops
+//! subscriber beyond one page read from the database (bounded in bytes,
+//! and charged to its identity's [`Budget`]); live events are shared with
+//! the watch cache. A subscriber that stops
 //! reading falls behind its budget (events or bytes) and is ended with
 //! [`WatchEnd::TooSlow`] when it next reads.
 //!
@@ -26,6 +27,7 @@ use std::time::Duration;
 use gantry_api::v1::{EventType, Gateway, WatchEvent};
 use gantry_runtime::Shutdown;
 
+use super::budget::{Budget, Charge, BUDGET_WAIT};
 use super::filter::Filter;
 use super::hub::{Read, Subscription, WatchHub, WATCH_PAGE_BYTES};
 use crate::storage::{Event, Page, Storage, StorageError};
@@ -55,36 +57,59 @@ struct Initial {
     /// The last name read; more follow when `more`.
     after: String,
     more: bool,
+    /// The page's bytes, held of the identity's budget until it is read.
+    _charge: Option<Charge>,
 }
 
 impl Initial {
+    /// None read yet: the first page is read (and charged) when the
+    /// subscriber first pulls, so opening a watch never waits for a budget.
+    fn unread() -> Self {
+        Initial { page: Vec::new().into_iter(), after: String::new(), more: true, _charge: None }
+    }
+
+    /// The page after `after` as of `at`, once `charge` holds its bytes.
     async fn read(
         storage: &dyn Storage,
+        mut charge: Charge,
         after: String,
-        at: Option<i64>,
-    ) -> Result<(Self, i64), StorageError> {
+        at: i64,
+    ) -> Result<Self, StorageError> {
+        let at = Some(at);
         let page = Page { after: &after, limit: INITIAL_PAGE, max_bytes: WATCH_PAGE_BYTES, at };
         let snapshot = storage.list(page).await?;
+        charge
+            .resize(snapshot.gateways.iter().map(|g| prost::Message::encoded_len(g) as u64).sum());
         let after = snapshot
             .gateways
             .last()
             .and_then(|g| g.metadata.as_ref())
             .map_or(after, |m| m.name.clone());
-        let initial = Initial { page: snapshot.gateways.into_iter(), after, more: snapshot.more };
-        Ok((initial, snapshot.revision))
+        Ok(Initial {
+            page: snapshot.gateways.into_iter(),
+            after,
+            more: snapshot.more,
+            _charge: Some(charge),
+        })
     }
 }
 
 struct State {
     ctx: WatchContext,
+    /// The page bytes this subscriber's identity may hold.
+    budget: Arc<Budget>,
     filter: Filter,
     /// Every change up to here has been processed for this subscriber.
     last: i64,
     initial: Option<Initial>,
     pending: VecDeque<Arc<Event>>,
+    /// While `pending` holds a page read from the database: its bytes.
+    pending_charge: Option<Charge>,
     live: Option<Subscription>,
     bookmarks: Option<tokio::time::Interval>,
     stopping: bool,
+    /// Waited [`BUDGET_WAIT`] for its identity's budget.
+    over_budget: bool,
     done: bool,
 }
 
@@ -106,6 +131,10 @@ pub enum WatchEnd {
     TooSlow { last: i64, events: i64, bytes: u64 },
     /// The watch cache was reset (it fell behind compaction).
     Reset { last: i64 },
+    /// Its identity's other watches held their budget of page bytes
+    /// unread for [`BUDGET_WAIT`]. `resume`: where to resume; `None` in
+    /// the initial objects (start again with them).
+    OverBudget { resume: Option<i64> },
     /// Reading the database failed.
     Storage(StorageError),
 }
@@ -142,9 +171,14 @@ fn change_out(kind: EventType, event: &Event) -> WatchEvent {
     }
 }
 
-/// Starts a watch; fails when `params.resource_version` is ahead of the
-/// store (`StorageError::Future`) or the database cannot be read.
-pub async fn start(ctx: WatchContext, params: Params) -> Result<Events, StorageError> {
+/// Starts a watch whose database pages are charged to `budget`; fails
+/// when `params.resource_version` is ahead of the store
+/// (`StorageError::Future`) or the database cannot be read.
+pub async fn start(
+    ctx: WatchContext,
+    params: Params,
+    budget: Arc<Budget>,
+) -> Result<Events, StorageError> {
     let Params { filter, resource_version, send_initial_events, allow_bookmarks } = params;
     // A revision ahead of this replica's cache may have been committed
     // through another replica: only the database can say it is ahead.
@@ -155,8 +189,8 @@ pub async fn start(ctx: WatchContext, params: Params) -> Result<Events, StorageE
         }
     }
     let (last, initial) = if send_initial_events {
-        let (initial, revision) = Initial::read(ctx.storage.as_ref(), String::new(), None).await?;
-        (revision, Some(initial))
+        // The initial objects are those as of this revision.
+        (ctx.storage.current_revision().await?, Some(Initial::unread()))
     } else if resource_version == 0 {
         (ctx.hub.head(), None)
     } else {
@@ -170,13 +204,16 @@ pub async fn start(ctx: WatchContext, params: Params) -> Result<Events, StorageE
     });
     let state = State {
         ctx,
+        budget,
         filter,
         last,
         initial,
         pending: VecDeque::new(),
+        pending_charge: None,
         live: None,
         bookmarks,
         stopping: false,
+        over_budget: false,
         done: false,
     };
     Ok(Box::pin(futures_util::stream::unfold(state, |mut state| async move {
@@ -200,8 +237,15 @@ async fn next(s: &mut State) -> Option<Result<WatchEvent, WatchEnd>> {
             }
             if initial.more {
                 let after = std::mem::take(&mut initial.after);
-                match Initial::read(s.ctx.storage.as_ref(), after, Some(s.last)).await {
-                    Ok((next, _)) => *initial = next,
+                // The drained page's bytes go back before the next is charged.
+                *initial = Initial::unread();
+                let Some(charge) =
+                    s.budget.charge_within(WATCH_PAGE_BYTES as u64, BUDGET_WAIT).await
+                else {
+                    return Some(Err(s.end(|_| WatchEnd::OverBudget { resume: None })));
+                };
+                match Initial::read(s.ctx.storage.as_ref(), charge, after, s.last).await {
+                    Ok(next) => *initial = next,
                     Err(e) => {
                         s.done = true;
                         return Some(Err(WatchEnd::Storage(e)));
@@ -223,6 +267,14 @@ async fn next(s: &mut State) -> Option<Result<WatchEvent, WatchEnd>> {
                 return Some(Ok(change_out(kind, &event)));
             }
             continue;
+        }
+        // The database page is drained: its bytes go back.
+        s.pending_charge = None;
+        if s.live.is_none() && s.stopping {
+            return Some(Err(s.end(|last| WatchEnd::ShuttingDown { last })));
+        }
+        if s.over_budget {
+            return Some(Err(s.end(|last| WatchEnd::OverBudget { resume: Some(last) })));
         }
         if s.live.is_none() {
             if let Err(e) = attach(s).await {
@@ -288,6 +340,24 @@ async fn attach(s: &mut State) -> Result<(), StorageError> {
         s.live = Some(live);
         return Ok(());
     }
+    let (budget, shutdown) = (s.budget.clone(), s.ctx.shutdown.clone());
+    let charge = tokio::select! {
+        charge = budget.charge_within(WATCH_PAGE_BYTES as u64, BUDGET_WAIT) => Some(charge),
+        () = shutdown.wait() => None,
+    };
+    let mut charge = match charge {
+        Some(Some(charge)) => charge,
+        Some(None) => {
+            s.over_budget = true;
+            return Ok(());
+        }
+        // Waiting for its identity's budget when the store stops: every
+        // event up to `last` was delivered; the subscriber resumes there.
+        None => {
+            s.stopping = true;
+            return Ok(());
+        }
+    };
     match s.ctx.storage.events_after(s.last, CATCH_UP_PAGE, WATCH_PAGE_BYTES).await {
         Ok(events) if events.is_empty() => {
             // The cache has moved past `last` but its events are not
@@ -296,6 +366,8 @@ async fn attach(s: &mut State) -> Result<(), StorageError> {
             Ok(())
         }
         Ok(events) => {
+            charge.resize(events.iter().map(|e| e.size() as u64).sum());
+            s.pending_charge = Some(charge);
             s.pending.extend(events);
             Ok(())
         }
