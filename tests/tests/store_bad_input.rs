@@ -10,55 +10,12 @@ use gantry_api::v1::{
 use gantry_client::ClientConfig;
 use gantry_testkit::gateway::named;
 use gantry_testkit::{temp_dir, StoreProcess};
-use prost::bytes::{Buf, BufMut};
 use prost::Message;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::Code;
 
-/// Sends and receives raw protobuf bytes.
-#[derive(Debug, Clone, Default)]
-struct RawCodec;
-
-impl Codec for RawCodec {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = RawCodec;
-    type Decoder = RawCodec;
-    fn encoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-    fn decoder(&mut self) -> RawCodec {
-        RawCodec
-    }
-}
-
-impl Encoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-    fn encode(&mut self, item: Vec<u8>, buf: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        buf.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl Decoder for RawCodec {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
-        Ok(Some(buf.copy_to_bytes(buf.remaining()).to_vec()))
-    }
-}
-
 async fn raw_call(endpoint: &str, method: &str, body: Vec<u8>) -> Result<Vec<u8>, tonic::Status> {
-    let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut grpc = tonic::client::Grpc::new(channel).max_encoding_message_size(64 << 20);
-    grpc.ready().await.unwrap();
-    let path = format!("/gantry.v1.GatewayService/{method}").parse().unwrap();
-    grpc.unary(tonic::Request::new(body), path, RawCodec).await.map(|r| r.into_inner())
+    let channel = gantry_testkit::raw_grpc::connect(endpoint).await;
+    gantry_testkit::raw_grpc::call(channel, method, body, None).await
 }
 
 fn image() -> GatewaySpec {

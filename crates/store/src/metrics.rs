@@ -31,6 +31,7 @@ pub struct FairnessMetrics {
     in_flight: Family<LevelLabels, Gauge>,
     queued: Family<LevelLabels, Gauge>,
     rejected: Family<LevelLabels, Counter>,
+    early_retries: Family<LevelLabels, Counter>,
     wait: Family<LevelLabels, Histogram, fn() -> Histogram>,
 }
 
@@ -40,6 +41,7 @@ impl Default for FairnessMetrics {
             in_flight: Family::default(),
             queued: Family::default(),
             rejected: Family::default(),
+            early_retries: Family::default(),
             wait: Family::new_with_constructor(latency_histogram),
         }
     }
@@ -56,6 +58,10 @@ impl FairnessMetrics {
 
     pub fn rejected(&self, level: &'static str) -> Counter {
         self.rejected.get_or_create(&LevelLabels { level }).clone()
+    }
+
+    pub fn early_retries(&self, level: &'static str) -> Counter {
+        self.early_retries.get_or_create(&LevelLabels { level }).clone()
     }
 
     pub fn wait(&self, level: &'static str) -> Histogram {
@@ -77,6 +83,11 @@ impl FairnessMetrics {
             "fairness_rejected",
             "Calls refused RESOURCE_EXHAUSTED (TOO_MANY_REQUESTS), by priority level",
             self.rejected.clone(),
+        );
+        registry.register(
+            "fairness_early_retries",
+            "Calls of a refused identity back before its retry delay, held until it ended, by priority level",
+            self.early_retries.clone(),
         );
         registry.register(
             "fairness_wait_duration_seconds",

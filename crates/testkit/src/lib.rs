@@ -23,6 +23,7 @@ pub mod linearizability;
 pub mod node;
 pub mod oidc;
 pub mod process;
+pub mod raw_grpc;
 pub mod rig;
 mod services;
 pub mod wait;

@@ -20,10 +20,19 @@
 //! `--fair-queue-length` calls of one identity and a call waits at most
 //! `--fair-queue-wait`; past either it is refused RESOURCE_EXHAUSTED
 //! (`TOO_MANY_REQUESTS`) with a retry delay, before any work is done.
+//!
+//! The retry delay is kept: a call of a refused identity that comes back
+//! before it is held (no seat, no work) until the delay is over, then
+//! admitted or refused as any other. A client ignoring the delay would
+//! otherwise cost the store a refusal per call as fast as it can send
+//! them (tens of thousands a second); held, it costs at most its
+//! concurrency per delay, and the other levels keep the CPU.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use gantry_core::Role;
 use tokio::sync::oneshot;
@@ -103,7 +112,13 @@ struct Queues {
     turns: VecDeque<String>,
     queued: usize,
     next_id: u64,
+    /// When each identity refused lately was told to come back.
+    retry_at: HashMap<String, Instant>,
 }
+
+/// Identities whose retry times are kept before the passed ones are
+/// dropped.
+const RETRY_TIMES_KEPT: usize = 1024;
 
 /// One priority level.
 #[derive(Debug)]
@@ -157,6 +172,10 @@ impl Level {
         width: usize,
         limits: &FairnessLimits,
     ) -> Result<Seat, Status> {
+        if let Some(at) = self.retry_time(who) {
+            self.metrics.early_retries(self.name).inc();
+            tokio::time::sleep_until(at).await;
+        }
         let (id, seat) = {
             let mut q = self.lock();
             let width = width.clamp(1, q.seats);
@@ -196,6 +215,21 @@ impl Level {
         }
     }
 
+    /// When `who` was told to retry, if that is still to come.
+    fn retry_time(&self, who: &str) -> Option<Instant> {
+        let now = Instant::now();
+        let mut q = self.lock();
+        if q.retry_at.len() > RETRY_TIMES_KEPT {
+            q.retry_at.retain(|_, at| *at > now);
+        }
+        let at = *q.retry_at.get(who)?;
+        if at <= now {
+            q.retry_at.remove(who);
+            return None;
+        }
+        Some(at)
+    }
+
     /// Takes a timed-out waiter out of its queue.
     fn forget(&self, who: &str, id: u64) {
         let mut q = self.lock();
@@ -214,6 +248,7 @@ impl Level {
 
     fn refuse(&self, who: &str, why: String) -> Status {
         self.metrics.rejected(self.name).inc();
+        self.lock().retry_at.insert(who.to_string(), Instant::now() + RETRY_AFTER);
         let mut details = ErrorDetails::with_error_info(
             gantry_api::reasons::TOO_MANY_REQUESTS,
             gantry_api::reasons::ERROR_DOMAIN,
@@ -340,6 +375,29 @@ mod tests {
             let timed_out = w.await.unwrap().unwrap_err();
             assert!(timed_out.message().contains("no seat within"), "{timed_out:?}");
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_back_before_its_retry_delay_is_held_until_it_ends() {
+        let f = Arc::new(fairness(1, 0));
+        let held = f.admit("flood", Role::Viewer, 1).await.unwrap();
+        let refused_at = Instant::now();
+        f.admit("flood", Role::Viewer, 1).await.unwrap_err();
+        // Back at once: held for the delay (no seat taken), then judged
+        // as any call: the seat is still taken, so refused again.
+        let again = f.admit("flood", Role::Viewer, 1).await.unwrap_err();
+        assert_eq!(again.code(), Code::ResourceExhausted);
+        assert_eq!(refused_at.elapsed(), RETRY_AFTER, "not held for the retry delay");
+        // Another identity is not held (refused at once: no seat, no queue).
+        let other_at = Instant::now();
+        f.admit("alice", Role::Viewer, 1).await.unwrap_err();
+        assert_eq!(other_at.elapsed(), Duration::ZERO);
+        // Back after the delay, with a seat free: served at once.
+        drop(held);
+        tokio::time::sleep(RETRY_AFTER).await;
+        let back_at = Instant::now();
+        let _seat = f.admit("flood", Role::Viewer, 1).await.unwrap();
+        assert_eq!(back_at.elapsed(), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]
