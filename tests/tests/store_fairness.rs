@@ -216,6 +216,12 @@ async fn a_flooding_viewer_is_refused_while_the_editor_and_the_reconciler_never_
         }
         let (c3, u3) = (buckets(&store, create), buckets(&store, update));
         let (served, refused) = flood.stop().await;
+        // Every seat given back once the answers are written.
+        let free = "every viewer seat given back";
+        gantry_testkit::eventually(std::time::Duration::from_secs(30), free, || async {
+            metric(&store, "gantry_store_fairness_in_flight{level=\"viewers\"} ") == 0.0
+        })
+        .await;
         // The flood ignores the retry delay: its calls back early were
         // held until the delay ended, not answered at once.
         let early = metric(&store, "gantry_store_fairness_early_retries_total{level=\"viewers\"} ");

@@ -29,6 +29,7 @@ use tokio::time::{Instant, Sleep};
 use tokio_stream::Stream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use super::holding::Holding;
 use super::rate_limit::RateLimit;
 use crate::metrics::ConnectionMetrics;
 
@@ -473,36 +474,10 @@ where
             let response = response.await?;
             drop(answering);
             Ok(response.map(|body| match guard {
-                Some(guard) => tonic::body::Body::new(Counted { body, _guard: guard }),
+                Some(guard) => Holding::body(body, guard),
                 None => body,
             }))
         })
-    }
-}
-
-/// A response body that holds its call's [`CallGuard`] until it ends.
-struct Counted {
-    body: tonic::body::Body,
-    _guard: CallGuard,
-}
-
-impl http_body::Body for Counted {
-    type Data = bytes::Bytes;
-    type Error = tonic::Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, tonic::Status>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
     }
 }
 

@@ -99,6 +99,24 @@ impl Drop for Seat {
     }
 }
 
+/// A call's seats kept until its answer is written (encoding and writing a
+/// page of objects is work of the call too): put in the response's
+/// extensions by the handler and held in the response body by the
+/// observe layer until the body's last frame.
+#[derive(Debug, Clone)]
+pub struct AnswerSeat {
+    _seat: Arc<Seat>,
+}
+
+impl AnswerSeat {
+    /// `message` as a response holding `seat`.
+    pub fn respond<T>(seat: Seat, message: T) -> tonic::Response<T> {
+        let mut response = tonic::Response::new(message);
+        response.extensions_mut().insert(AnswerSeat { _seat: Arc::new(seat) });
+        response
+    }
+}
+
 /// A waiting call: its id, its width and where its seats go.
 type Waiter = (u64, usize, oneshot::Sender<Seat>);
 

@@ -19,6 +19,7 @@ mod delete;
 pub mod errors;
 pub mod fairness;
 mod get;
+mod holding;
 pub mod list;
 pub mod observe;
 mod page_token;
@@ -38,7 +39,7 @@ use gantry_api::v1::{
 use prost_types::Timestamp;
 use tonic::{Request, Response, Status};
 
-use self::fairness::{Fairness, Seat};
+use self::fairness::{AnswerSeat, Fairness, Seat};
 use self::watch::WatchStream;
 use self::watch_quota::WatchQuota;
 use crate::auth::{Auth, Credentials, Principal};
@@ -102,16 +103,18 @@ impl GatewayService for GatewayApi {
         &self,
         request: Request<CreateGatewayRequest>,
     ) -> Result<Response<Gateway>, Status> {
-        let (principal, _seat) = self.admit(&request, 1).await?;
-        create::create(&self.writer, principal, request.into_inner()).await.map(Response::new)
+        let (principal, seat) = self.admit(&request, 1).await?;
+        let created = create::create(&self.writer, principal, request.into_inner()).await?;
+        Ok(AnswerSeat::respond(seat, created))
     }
 
     async fn get_gateway(
         &self,
         request: Request<GetGatewayRequest>,
     ) -> Result<Response<Gateway>, Status> {
-        let _seat = self.admit(&request, 1).await?;
-        get::get(self.storage.as_ref(), request.into_inner()).await.map(Response::new)
+        let (_, seat) = self.admit(&request, 1).await?;
+        let gateway = get::get(self.storage.as_ref(), request.into_inner()).await?;
+        Ok(AnswerSeat::respond(seat, gateway))
     }
 
     async fn list_gateways(
@@ -119,24 +122,27 @@ impl GatewayService for GatewayApi {
         request: Request<ListGatewaysRequest>,
     ) -> Result<Response<ListGatewaysResponse>, Status> {
         let page = list::effective_page_size(request.get_ref().page_size);
-        let _seat = self.admit(&request, fairness::width(Some(page))).await?;
-        list::list(self.storage.as_ref(), request.into_inner()).await.map(Response::new)
+        let (_, seat) = self.admit(&request, fairness::width(Some(page))).await?;
+        let page = list::list(self.storage.as_ref(), request.into_inner()).await?;
+        Ok(AnswerSeat::respond(seat, page))
     }
 
     async fn update_gateway(
         &self,
         request: Request<UpdateGatewayRequest>,
     ) -> Result<Response<Gateway>, Status> {
-        let (principal, _seat) = self.admit(&request, 1).await?;
-        update::update(&self.writer, principal, request.into_inner()).await.map(Response::new)
+        let (principal, seat) = self.admit(&request, 1).await?;
+        let updated = update::update(&self.writer, principal, request.into_inner()).await?;
+        Ok(AnswerSeat::respond(seat, updated))
     }
 
     async fn delete_gateway(
         &self,
         request: Request<DeleteGatewayRequest>,
     ) -> Result<Response<Gateway>, Status> {
-        let (principal, _seat) = self.admit(&request, 1).await?;
-        delete::delete(&self.writer, principal, request.into_inner()).await.map(Response::new)
+        let (principal, seat) = self.admit(&request, 1).await?;
+        let deleted = delete::delete(&self.writer, principal, request.into_inner()).await?;
+        Ok(AnswerSeat::respond(seat, deleted))
     }
 
     type WatchGatewaysStream = WatchStream;

@@ -26,6 +26,8 @@ use tonic::{Code, Status};
 use tracing::Instrument;
 
 use super::errors::too_large_is_resource_exhausted;
+use super::fairness::AnswerSeat;
+use super::holding::Holding;
 use super::rate_limit::RateLimit;
 use crate::auth::{Auth, Credentials};
 use crate::metrics::Metrics;
@@ -116,6 +118,10 @@ where
                 ))
                 .into_http(),
             };
+            // The call's seats, held until its answer is written.
+            if let Some(seat) = response.extensions_mut().remove::<AnswerSeat>() {
+                response = response.map(|body| Holding::body(body, seat));
+            }
             let status = Status::from_header_map(response.headers());
             let code = status.as_ref().map_or(Code::Ok, Status::code);
             rpc_span::finish(
