@@ -95,9 +95,15 @@ async fn a_restore_is_converged_on(mut rig: ClusterRig, backup: Backup) {
     let logs = rig.reconcilers[0].logs();
     assert_eq!(logs.matches("restored from a backup").count(), 1, "{logs}");
     let counts = writes.all();
-    // edge: the repair's rollout (two), the edit, its rollout (two); keep
-    // was already what the restored status says.
-    assert!(counts.get("edge").copied().unwrap_or(0) <= 8, "{counts:?}");
+    // edge moves through: the repair's rollout (two), the edit, its
+    // rollout (two); keep was already what the restored status says. How
+    // many progress messages a rollout writes within a phase depends on
+    // how many of its steps the reconciler sees (more under load): those
+    // are bounded apart, a hot loop would pass both bounds.
+    let states = writes.states("edge");
+    eprintln!("edge after the restore: {states:?}");
+    assert!(writes.transitions("edge") <= 6, "edge moved too often: {states:#?}");
+    assert!(states.len() <= 12, "edge written too often: {states:#?}");
     assert_eq!(counts.get("keep"), None, "{counts:?}");
     // As docs/operations.md says: a gateway made after the backup is no
     // longer known, and its objects are left for the operator.

@@ -40,10 +40,13 @@ impl Gateways {
                 client.clone().watch_gateways(request).await.expect("watch").into_inner();
             while let Some(Ok(event)) = events.next().await {
                 if event.r#type() == EventType::Modified {
-                    let name = event.gateway.and_then(|g| g.metadata).map(|m| m.name);
-                    let mut counts =
+                    let Some(gateway) = event.gateway else { continue };
+                    let name = gateway.metadata.as_ref().map(|m| m.name.clone());
+                    let status = gateway.status.unwrap_or_default();
+                    let state = (status.phase(), status.observed_generation, status.message);
+                    let mut changes =
                         seen.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                    *counts.entry(name.unwrap_or_default()).or_insert(0) += 1;
+                    changes.entry(name.unwrap_or_default()).or_default().push(state);
                 }
             }
         });
@@ -159,16 +162,44 @@ pub async fn wait_for_gateway(
 
 /// Changes per gateway, counted by [`Gateways::count_changes`].
 #[derive(Debug, Clone, Default)]
-pub struct Changes(std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, u32>>>);
+pub struct Changes(
+    std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<String, Vec<State>>>>,
+);
+
+/// A gateway's status after a change: phase, observed generation, message.
+pub type State = (gantry_api::v1::Phase, i64, String);
 
 impl Changes {
-    /// The changes of every gateway so far.
+    /// The number of changes of every gateway so far.
     pub fn all(&self) -> std::collections::BTreeMap<String, u32> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        let changes = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        changes.iter().map(|(name, states)| (name.clone(), states.len() as u32)).collect()
     }
 
     /// The changes of `name` so far.
     pub fn of(&self, name: &str) -> u32 {
-        self.all().get(name).copied().unwrap_or(0)
+        self.states(name).len() as u32
+    }
+
+    /// The status after each change of `name` so far, in order.
+    pub fn states(&self, name: &str) -> Vec<State> {
+        let changes = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        changes.get(name).cloned().unwrap_or_default()
+    }
+
+    /// How many changes of `name` moved it to another phase or observed
+    /// generation (the rest changed only the message: rollout progress, a
+    /// spec edit).
+    pub fn transitions(&self, name: &str) -> usize {
+        let states = self.states(name);
+        let mut last = None;
+        states
+            .iter()
+            .filter(|(phase, observed, _)| {
+                let moved = last != Some((*phase, *observed));
+                last = Some((*phase, *observed));
+                moved
+            })
+            .count()
     }
 }
