@@ -174,20 +174,9 @@ async fn a_flooding_viewer_is_refused_while_the_editor_and_the_reconciler_never_
     for i in 0..8 {
         tokens.push_str(&format!("{},viewer-{i},viewer\n", viewer(i)));
     }
-    std::fs::write(dir.join("tokens.csv"), tokens).unwrap();
-    let url = format!("sqlite://{}", dir.join("gantry.db").display());
-    let tokens_file = dir.join("tokens.csv");
-    let flags = [
-        "--tokens-file",
-        tokens_file.to_str().unwrap(),
-        "--fair-viewer-concurrency",
-        "4",
-        "--fair-queue-length",
-        "8",
-        "--fair-queue-wait",
-        "1s",
-    ];
-    let store = StoreProcess::start_with(&url, &dir, &flags);
+    let flags =
+        ["--fair-viewer-concurrency", "4", "--fair-queue-length", "8", "--fair-queue-wait", "1s"];
+    let store = StoreProcess::sqlite_with_tokens(&dir, &tokens, &flags);
     // Something to list: 100 gateways.
     let mut acked = work(&store, "base", 100).await;
 

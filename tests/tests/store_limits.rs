@@ -696,15 +696,9 @@ async fn the_admin_port_answers_probes_under_a_flood_of_idle_connections() {
 async fn one_identity_holds_at_most_its_watches() {
     use tonic_types::StatusExt as _;
     let dir = temp_dir("watch-quota");
-    let tokens = dir.join("tokens.csv");
-    std::fs::write(
-        &tokens,
-        "alice-token-000000000001,alice,viewer\nbob-token-00000000000001,bob,viewer\n",
-    )
-    .unwrap();
-    let url = format!("sqlite://{}", dir.join("gantry.db").display());
-    let flags = ["--tokens-file", tokens.to_str().unwrap(), "--max-watches-per-identity", "3"];
-    let store = StoreProcess::start_with(&url, &dir, &flags);
+    let tokens = "alice-token-000000000001,alice,viewer\nbob-token-00000000000001,bob,viewer\n";
+    let store =
+        StoreProcess::sqlite_with_tokens(&dir, tokens, &["--max-watches-per-identity", "3"]);
     let watch = |token: &str| {
         let config = ClientConfig {
             endpoint: store.endpoint(),

@@ -61,17 +61,10 @@ async fn initial_names(stream: &mut tonic::Streaming<gantry_api::v1::WatchEvent>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_identitys_unread_watches_hold_at_most_its_budget_and_lose_nothing() {
     let dir = temp_dir("watch-budget");
-    let tokens = dir.join("tokens.csv");
-    std::fs::write(
-        &tokens,
-        format!("{ALICE},alice,viewer\n{BOB},bob,viewer\n{EDITOR},eddie,editor\n"),
-    )
-    .unwrap();
-    let url = format!("sqlite://{}", dir.join("gantry.db").display());
+    let tokens = format!("{ALICE},alice,viewer\n{BOB},bob,viewer\n{EDITOR},eddie,editor\n");
     let budget = BUDGET.to_string();
-    let flags =
-        ["--tokens-file", tokens.to_str().unwrap(), "--max-watch-bytes-per-identity", &budget];
-    let store = StoreProcess::start_with(&url, &dir, &flags);
+    let flags = ["--max-watch-bytes-per-identity", budget.as_str()];
+    let store = StoreProcess::sqlite_with_tokens(&dir, &tokens, &flags);
     // 60 gateways of about 100 KiB: a page holds two or three.
     let mut editor = connect(&store, EDITOR).await;
     for i in 0..GATEWAYS {

@@ -16,33 +16,11 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig};
 
 #[tokio::test]
 async fn tls_serves_clients_that_trust_the_ca_only() {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
-    let cert = params.self_signed(&key).unwrap();
-    let (cert_pem, key_pem) = (cert.pem(), key.serialize_pem());
-
-    let db = common::TestDatabase::create(common::Backend::Sqlite).await.unwrap();
-    let settings = Settings {
-        storage: gantry_store::open_storage(&db.url).await.unwrap(),
-        auth: Arc::new(Auth::new(Authenticator::parse_tokens_file(common::TOKENS_FILE).unwrap())),
-        tls: Some(gantry_store::Tls {
-            cert: cert_pem.clone().into_bytes(),
-            key: key_pem.into_bytes(),
-            client_ca: None,
-        }),
-        watch: gantry_store::WatchSettings::default(),
-        limits: gantry_store::Limits::default(),
-    };
-    let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = grpc.local_addr().unwrap().port();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(gantry_store::serve(settings, grpc, http, async {
-        let _ = stopped.await;
-    }));
+    let server_ca = gantry_testkit::TestCa::new("server-ca");
+    let (port, stop, server, _db) = serve(&server_ca, None).await;
 
     let trusted = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(&cert_pem))
+        .ca_certificate(Certificate::from_pem(&server_ca.pem))
         .domain_name("localhost");
     let channel = Channel::from_shared(format!("https://127.0.0.1:{port}"))
         .unwrap()
@@ -77,12 +55,12 @@ async fn tls_serves_clients_that_trust_the_ca_only() {
     server.await.unwrap().unwrap();
 }
 
-/// A store with TLS whose client certificates are verified against
-/// `client_ca`; `bindings` give their subjects roles.
-async fn serve_with_client_ca(
+/// A store with TLS (a certificate for `localhost` from `server`) and,
+/// with `client_ca`, client certificates verified against its CA (PEM),
+/// whose subjects its bindings (YAML) give roles.
+async fn serve(
     server: &gantry_testkit::TestCa,
-    client_ca: &str,
-    bindings: &str,
+    client_ca: Option<(&str, &str)>,
 ) -> (
     u16,
     tokio::sync::oneshot::Sender<()>,
@@ -91,16 +69,19 @@ async fn serve_with_client_ca(
 ) {
     let (cert, key) = server.server(&["localhost"]);
     let db = common::TestDatabase::create(common::Backend::Sqlite).await.unwrap();
-    let auth = Auth::new(Authenticator::parse_tokens_file(common::TOKENS_FILE).unwrap())
-        .with_client_certificates()
-        .with_bindings(gantry_store::auth::Bindings::parse(bindings).unwrap(), None);
+    let mut auth = Auth::new(Authenticator::parse_tokens_file(common::TOKENS_FILE).unwrap());
+    if let Some((_, bindings)) = client_ca {
+        auth = auth
+            .with_client_certificates()
+            .with_bindings(gantry_store::auth::Bindings::parse(bindings).unwrap(), None);
+    }
     let settings = Settings {
         storage: gantry_store::open_storage(&db.url).await.unwrap(),
         auth: Arc::new(auth),
         tls: Some(gantry_store::Tls {
             cert: cert.into_bytes(),
             key: key.into_bytes(),
-            client_ca: Some(client_ca.as_bytes().to_vec()),
+            client_ca: client_ca.map(|(ca, _)| ca.as_bytes().to_vec()),
         }),
         watch: gantry_store::WatchSettings::default(),
         limits: gantry_store::Limits::default(),
@@ -140,8 +121,7 @@ async fn client_certificates_name_the_caller_and_bad_ones_fail_the_handshake() {
     let server_ca = gantry_testkit::TestCa::new("server-ca");
     let client_ca = gantry_testkit::TestCa::new("client-ca");
     let bindings = "bindings:\n  - role: editor\n    subjects:\n      - {kind: Group, name: platform}\n  - role: viewer\n    subjects:\n      - {kind: User, name: victor}\n";
-    let (port, stop, server, _db) =
-        serve_with_client_ca(&server_ca, &client_ca.pem, bindings).await;
+    let (port, stop, server, _db) = serve(&server_ca, Some((&client_ca.pem, bindings))).await;
     let create = |channel: Channel, name: &str| {
         let gateway = gantry_testkit::gateway::named(name).image("ghcr.io/acme/gw:1").build();
         async move {

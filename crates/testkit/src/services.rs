@@ -86,6 +86,19 @@ impl StoreProcess {
         Self::start_with_env(database_url, data_dir, extra, &[])
     }
 
+    /// A store on `dir/gantry.db` (SQLite) taking the tokens file `tokens`
+    /// (its lines: `token,user,role[,expiry]`), written to
+    /// `dir/tokens.csv`, with more flags.
+    pub fn sqlite_with_tokens(dir: &Path, tokens: &str, extra: &[&str]) -> StoreProcess {
+        let file = dir.join("tokens.csv");
+        std::fs::write(&file, tokens).expect("write the tokens file");
+        let file = file.display().to_string();
+        let flags: Vec<&str> =
+            ["--tokens-file", file.as_str()].into_iter().chain(extra.iter().copied()).collect();
+        let database = format!("sqlite://{}", dir.join("gantry.db").display());
+        Self::start_with(&database, dir, &flags)
+    }
+
     /// As [`StoreProcess::start_with`], with environment variables.
     pub fn start_with_env(
         database_url: &str,
