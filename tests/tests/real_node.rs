@@ -94,24 +94,6 @@ fn store_pod(image: &str) -> String {
     )
 }
 
-fn ready(node: &RealNode, selector: &str) {
-    node.wait_for(
-        &format!("{selector} Ready"),
-        Duration::from_secs(120),
-        &[
-            "-n",
-            "real",
-            "get",
-            "pods",
-            "-l",
-            selector,
-            "-o",
-            "jsonpath={.items[*].status.conditions[?(@.type==\"Ready\")].status}",
-        ],
-        |s| s == "True",
-    );
-}
-
 fn http(url: &str) -> String {
     let out = Command::new("curl").args(["-s", "--max-time", "5", url]).output().unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()
@@ -147,7 +129,7 @@ async fn images_built_here_run_on_a_real_node() {
 
     // A gateway's pods answer through its Service once Ready.
     node.kubectl_stdin(&["apply", "-f", "-"], &deployment("web", "gantry.test/gateway:1"));
-    ready(&node, "app=web");
+    node.wait_pods_ready("real", "app=web", 1, Duration::from_secs(120));
     let cluster_ip = service_ip(&node, "real", "web");
     assert!(cluster_ip.starts_with("10.96."), "{cluster_ip}");
     let page = page_with(&format!("http://{cluster_ip}:443/"), "gantry test gateway").await;
@@ -205,7 +187,7 @@ async fn images_built_here_run_on_a_real_node() {
     // through its real probes; killed with SIGKILL, restarted by the
     // kubelet with every acknowledged write there.
     node.kubectl_stdin(&["apply", "-f", "-"], &store_pod("ghcr.io/gantry-dev/gantry:0.1.0"));
-    ready(&node, "app=store");
+    node.wait_pods_ready("real", "app=store", 1, Duration::from_secs(120));
     let ip = node.pod_ip("real", "app=store");
     let client = gantry_client::ClientConfig {
         endpoint: format!("http://{ip}:50051"),
@@ -243,7 +225,7 @@ async fn images_built_here_run_on_a_real_node() {
         ],
         |s| s == "1",
     );
-    ready(&node, "app=store");
+    node.wait_pods_ready("real", "app=store", 1, Duration::from_secs(120));
     let names = stored_names(&client).await;
     assert_eq!(names.len(), WRITES, "acknowledged writes after the restart: {names:?}");
     let user = node.kubectl(&[
