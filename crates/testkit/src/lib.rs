@@ -20,6 +20,7 @@ pub mod http;
 pub mod jwt;
 pub mod k8s;
 pub mod linearizability;
+pub mod load;
 pub mod node;
 pub mod oidc;
 pub mod process;

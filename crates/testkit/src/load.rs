@@ -1,0 +1,175 @@
+//! Load that the fairness test and `gantry-bench fairness` put on a store:
+//! viewers flooding it with full-page lists, ignoring the retry delay,
+//! beside an editor and the reconciler at work; and the store's own
+//! latency histograms, read from its `/metrics`.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use gantry_api::v1::{
+    CreateGatewayRequest, GatewayStatus, ListGatewaysRequest, Phase, UpdateGatewayRequest,
+};
+use gantry_client::{ClientConfig, GatewayClient};
+use prost::Message as _;
+use tonic::Code;
+use tonic_types::StatusExt as _;
+
+use crate::gateway::gateway;
+
+/// Connections of a flood, and callers on each.
+pub const FLOOD_CONNECTIONS: usize = 64;
+pub const FLOOD_CALLERS: usize = 4;
+
+/// Lists sent back to back on [`FLOOD_CONNECTIONS`] connections by
+/// [`FLOOD_CALLERS`] callers each, ignoring the retry delay; each
+/// connection's token taken in turn from the flood's tokens. Pages are
+/// received, not decoded: the flood's CPU goes to the store, as when it
+/// comes from other machines.
+#[derive(Debug)]
+pub struct Flood {
+    stop: Arc<AtomicBool>,
+    refused: Arc<AtomicU64>,
+    served: Arc<AtomicU64>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Flood {
+    /// Starts flooding the store at `endpoint` with lists of `page_size`.
+    /// A refusal other than RESOURCE_EXHAUSTED with a retry delay panics
+    /// (seen when the flood stops).
+    pub async fn start(endpoint: &str, tokens: &[String], page_size: i32) -> Flood {
+        let (stop, refused, served) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+            Arc::new(AtomicU64::new(0)),
+        );
+        let request = ListGatewaysRequest { page_size, ..Default::default() }.encode_to_vec();
+        let mut tasks = Vec::new();
+        for c in 0..FLOOD_CONNECTIONS {
+            let connection = crate::raw_grpc::connect(endpoint).await;
+            let token = tokens[c % tokens.len()].clone();
+            for _ in 0..FLOOD_CALLERS {
+                let (connection, token, request) =
+                    (connection.clone(), token.clone(), request.clone());
+                let (stop, refused, served) = (stop.clone(), refused.clone(), served.clone());
+                tasks.push(tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        let list = crate::raw_grpc::call(
+                            connection.clone(),
+                            "ListGateways",
+                            request.clone(),
+                            Some(&token),
+                        );
+                        match list.await {
+                            Ok(_) => {
+                                served.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(s) if s.code() == Code::ResourceExhausted => {
+                                let details = s.get_error_details();
+                                assert!(
+                                    details.retry_info().and_then(|r| r.retry_delay).is_some(),
+                                    "a refusal without a retry delay: {s:?}"
+                                );
+                                refused.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(s) => {
+                                panic!("flood call failed with {:?}: {}", s.code(), s.message())
+                            }
+                        }
+                    }
+                }));
+            }
+        }
+        Flood { stop, refused, served, tasks }
+    }
+
+    /// Stops the flood: (lists served, calls refused).
+    pub async fn stop(self) -> (u64, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        for task in self.tasks {
+            task.await.expect("a flood caller failed");
+        }
+        (self.served.load(Ordering::Relaxed), self.refused.load(Ordering::Relaxed))
+    }
+}
+
+/// The editor's and the reconciler's work: `n` gateways created, each
+/// followed by a status write; the names acknowledged. A refusal panics.
+pub async fn work(
+    endpoint: &str,
+    (editor, reconciler): (&str, &str),
+    prefix: &str,
+    n: usize,
+) -> Vec<String> {
+    let client = |token: &str| {
+        ClientConfig { endpoint: endpoint.into(), token: Some(token.into()), ..Default::default() }
+            .connect_lazy()
+            .expect("a client")
+    };
+    let (mut editor, mut reconciler): (GatewayClient, GatewayClient) =
+        (client(editor), client(reconciler));
+    let mut acked = Vec::new();
+    for i in 0..n {
+        let name = format!("{prefix}-{i}");
+        let created = editor
+            .create_gateway(CreateGatewayRequest {
+                gateway: Some(gateway(&name).build()),
+                validate_only: false,
+            })
+            .await
+            .unwrap_or_else(|s| panic!("the editor was refused: {s:?}"));
+        acked.push(name);
+        let mut g = created.into_inner();
+        g.status = Some(GatewayStatus {
+            phase: Phase::Written.into(),
+            observed_generation: 1,
+            ..Default::default()
+        });
+        let request = UpdateGatewayRequest {
+            gateway: Some(g),
+            update_mask: Some(prost_types::FieldMask { paths: vec!["status".into()] }),
+            ..Default::default()
+        };
+        reconciler
+            .update_gateway(request)
+            .await
+            .unwrap_or_else(|s| panic!("the reconciler was refused: {s:?}"));
+    }
+    acked
+}
+
+/// The cumulative buckets `(upper bound in seconds, count)` of `method`'s
+/// latency histogram in the store's `/metrics` text.
+pub fn buckets(metrics: &str, method: &str) -> Vec<(f64, f64)> {
+    let prefix = "gantry_store_grpc_request_duration_seconds_bucket{";
+    metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix(prefix))
+        .filter(|l| l.contains(&format!("method=\"{method}\"")))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            let count = l.rsplit(' ').next()?.parse().ok()?;
+            Some((le.parse().unwrap_or(f64::INFINITY), count))
+        })
+        .collect()
+}
+
+/// The p99 (a bucket's upper bound, in seconds) of the calls between two
+/// readings of [`buckets`].
+pub fn p99(before: &[(f64, f64)], after: &[(f64, f64)]) -> f64 {
+    let delta: Vec<(f64, f64)> = after
+        .iter()
+        .map(|(le, n)| (*le, n - before.iter().find(|(b, _)| b == le).map_or(0.0, |(_, m)| *m)))
+        .collect();
+    let total = delta.last().map_or(0.0, |(_, n)| *n);
+    delta.iter().find(|(_, n)| *n >= total * 0.99).map_or(f64::INFINITY, |(le, _)| *le)
+}
+
+/// A metric's value in `/metrics` text, by the start of its line (0 when
+/// absent).
+pub fn metric(metrics: &str, line_start: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(line_start).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
