@@ -81,6 +81,9 @@ pub enum Scenario {
     /// The write and watch work run against etcd and gantry in turn, in
     /// one run: each side's numbers and gantry's ratio to etcd.
     Versus,
+    /// Viewers flooding the store while an editor and the reconciler work:
+    /// their p99 quiet and flooded (the store's own histograms).
+    Fairness,
     /// Every scenario.
     All,
 }

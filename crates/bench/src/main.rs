@@ -6,6 +6,7 @@
 
 mod args;
 mod etcd;
+mod fairness;
 mod fleet;
 mod pair;
 mod procs;
@@ -73,6 +74,9 @@ async fn run(args: &Args, scenario: Scenario) -> anyhow::Result<Vec<Value>> {
             }
         }
         Scenario::Versus => out.extend(versus(args).await?),
+        Scenario::Fairness => {
+            out.extend(fairness::fairness(args, secs(if quick { 3 } else { 10 })).await?);
+        }
         Scenario::Converge => {
             // A real control plane's Deployment controller and kwok on the
             // same two cores: bursts of a tenth of the size.
@@ -110,6 +114,7 @@ async fn main() -> anyhow::Result<()> {
             Scenario::Scale,
             Scenario::Idle,
             Scenario::Versus,
+            Scenario::Fairness,
         ],
         one => vec![one],
     };

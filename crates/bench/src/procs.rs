@@ -84,10 +84,23 @@ pub struct Store {
     http: u16,
     dir: PathBuf,
     database: TestDatabase,
+    /// The token its clients send (an admin's), when it takes tokens.
+    token: Option<String>,
 }
 
 impl Store {
     pub async fn start(args: &Args, watch_buffer: usize) -> anyhow::Result<Store> {
+        Self::start_with(args, watch_buffer, None, &[]).await
+    }
+
+    /// As [`Store::start`], taking `tokens` (a tokens file, its first line
+    /// an admin's) instead of every caller, with more flags.
+    pub async fn start_with(
+        args: &Args,
+        watch_buffer: usize,
+        tokens: Option<&str>,
+        extra: &[&str],
+    ) -> anyhow::Result<Store> {
         let dir =
             std::env::temp_dir().join(format!("gantry-bench-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir)?;
@@ -98,8 +111,17 @@ impl Store {
                 .context("create a database on PostgreSQL")?,
         };
         let (grpc, http) = (free_port(), free_port());
+        let tokens_file = dir.join("tokens.csv");
+        let (auth, token) = match tokens {
+            Some(tokens) => {
+                std::fs::write(&tokens_file, tokens)?;
+                let admin = tokens.lines().next().and_then(|l| l.split(',').next());
+                (vec!["--tokens-file".to_string(), tokens_file.display().to_string()], admin)
+            }
+            None => (vec!["--allow-unauthenticated".to_string()], None),
+        };
+        let token = token.map(str::to_string);
         let flags = [
-            "--allow-unauthenticated",
             "--database-url",
             &database.url,
             "--data-dir",
@@ -121,12 +143,15 @@ impl Store {
             "--max-connections",
             "16384",
         ];
-        let mut process = Process::new(sibling("gateway-store"), strings(&flags));
+        let mut flags = strings(&flags);
+        flags.extend(auth);
+        flags.extend(strings(extra));
+        let mut process = Process::new(sibling("gateway-store"), flags);
         process
             .spawn()
             .context("start gateway-store (build it first: cargo build --release --bins)")?;
         let endpoint = format!("http://127.0.0.1:{grpc}");
-        let store = Store { process, endpoint, http, dir, database };
+        let store = Store { process, endpoint, http, dir, database, token };
         let client = store.client()?;
         for _ in 0..600 {
             if client.clone().list_gateways(ListGatewaysRequest::default()).await.is_ok() {
@@ -138,7 +163,17 @@ impl Store {
     }
 
     pub fn client(&self) -> anyhow::Result<GatewayClient> {
-        Ok(ClientConfig { endpoint: self.endpoint.clone(), ..Default::default() }.connect_lazy()?)
+        let config = ClientConfig {
+            endpoint: self.endpoint.clone(),
+            token: self.token.clone(),
+            ..Default::default()
+        };
+        Ok(config.connect_lazy()?)
+    }
+
+    /// Its `/metrics` text.
+    pub async fn metrics(&self) -> anyhow::Result<String> {
+        http_get(self.http, "/metrics").await
     }
 
     pub fn usage(&self) -> Usage {
