@@ -88,21 +88,8 @@ async fn the_directory_target_writes_whole_files_and_cleans_up() {
     let database = format!("sqlite://{}", dir.join("gantry.db").display());
     let store =
         StoreProcess::start_with(&database, &dir, &["--tokens-file", tokens.to_str().unwrap()]);
-    let directory = manifests.to_str().unwrap();
-    let token = token_file.to_str().unwrap();
-    let _reconciler = ReconcilerProcess::start(
-        &store.endpoint(),
-        &[
-            "--target",
-            "directory",
-            "--directory",
-            directory,
-            "--poll-interval",
-            "100ms",
-            "--token-file",
-            token,
-        ],
-    );
+    let token = ["--token-file", token_file.to_str().unwrap()];
+    let _reconciler = ReconcilerProcess::to_directory(&store.endpoint(), &manifests, &token);
     let editor = Some("editor-token-000000000001".to_string());
     let c = ClientConfig { endpoint: store.endpoint(), token: editor, ..Default::default() }
         .connect_lazy()
@@ -278,17 +265,7 @@ async fn behind_compaction(database: String, dir: PathBuf) {
             "100ms",
         ],
     );
-    let reconciler = ReconcilerProcess::start(
-        &store.endpoint(),
-        &[
-            "--target",
-            "directory",
-            "--directory",
-            manifests.to_str().unwrap(),
-            "--poll-interval",
-            "100ms",
-        ],
-    );
+    let reconciler = ReconcilerProcess::to_directory(&store.endpoint(), &manifests, &[]);
     let c = client(&store).await;
     create(&c, "first", spec("ghcr.io/acme/gw:1")).await;
     wait_settled(&c, "first", Phase::Written).await;

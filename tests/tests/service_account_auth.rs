@@ -196,19 +196,8 @@ async fn the_reconciler_runs_on_a_rotated_service_account_token_and_stays_ready(
     let first = bound_to("first");
     replace_file(&token_file, &first);
     let manifests = dir.join("manifests");
-    let reconciler = ReconcilerProcess::start(
-        &store.endpoint(),
-        &[
-            "--token-file",
-            token_file.to_str().unwrap(),
-            "--target",
-            "directory",
-            "--directory",
-            manifests.to_str().unwrap(),
-            "--poll-interval",
-            "100ms",
-        ],
-    );
+    let token_flags = ["--token-file", token_file.to_str().unwrap()];
+    let reconciler = ReconcilerProcess::to_directory(&store.endpoint(), &manifests, &token_flags);
     create(&store, "edge").await;
     let admin = client(&store, ADMIN);
     reconciler.wait_observed(&admin, "edge", 1).await;

@@ -132,19 +132,8 @@ async fn a_reconciler_with_a_revoked_token_is_not_ready_and_resumes_with_a_new_o
     let store =
         StoreProcess::start_with(&database, &dir, &["--tokens-file", store_file.to_str().unwrap()]);
     let manifests = dir.join("manifests");
-    let reconciler = ReconcilerProcess::start(
-        &store.endpoint(),
-        &[
-            "--token-file",
-            reconciler_file.to_str().unwrap(),
-            "--target",
-            "directory",
-            "--directory",
-            manifests.to_str().unwrap(),
-            "--poll-interval",
-            "100ms",
-        ],
-    );
+    let token_flags = ["--token-file", reconciler_file.to_str().unwrap()];
+    let reconciler = ReconcilerProcess::to_directory(&store.endpoint(), &manifests, &token_flags);
     wait_http(reconciler.http, "ready at start", |a| a.starts_with("HTTP/1.1 200")).await;
 
     // The operator revokes the reconciler's token.

@@ -214,6 +214,15 @@ pub struct ReconcilerProcess {
 impl ReconcilerProcess {
     /// Starts the reconciler against `store` with `extra` flags and waits
     /// until it has listed the store.
+    /// A reconciler of `store` writing manifests to `directory`, checking
+    /// rollouts every 100 ms, with more flags.
+    pub fn to_directory(store: &str, directory: &Path, extra: &[&str]) -> ReconcilerProcess {
+        let directory = directory.display().to_string();
+        let target =
+            ["--target", "directory", "--directory", &directory, "--poll-interval", "100ms"];
+        Self::start(store, &[&target[..], extra].concat())
+    }
+
     pub fn start(store: &str, extra: &[&str]) -> ReconcilerProcess {
         with_fresh_ports("gateway-reconciler", || {
             let mut reconciler = Self::launch(store, extra);
