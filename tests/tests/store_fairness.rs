@@ -40,7 +40,7 @@ fn buckets(store: &StoreProcess, method: &str) -> Vec<(f64, f64)> {
 }
 
 async fn work(store: &StoreProcess, prefix: &str, n: usize) -> Vec<String> {
-    load::work(&store.endpoint(), (EDITOR, RECONCILER), prefix, n).await
+    load::work(&store.endpoint(), (EDITOR, RECONCILER), prefix, n).await.acked
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -93,14 +93,31 @@ impl Flood {
     }
 }
 
+/// What [`work`] did: the names acknowledged, and each create's and
+/// status write's latency as its client saw it.
+#[derive(Debug, Default)]
+pub struct Done {
+    pub acked: Vec<String>,
+    pub creates: Vec<std::time::Duration>,
+    pub status_writes: Vec<std::time::Duration>,
+}
+
+/// The `q` quantile (0..=1) of `latencies` (exact, by rank).
+pub fn quantile(latencies: &[std::time::Duration], q: f64) -> std::time::Duration {
+    let mut sorted = latencies.to_vec();
+    sorted.sort();
+    let rank = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len().max(1));
+    sorted.get(rank - 1).copied().unwrap_or_default()
+}
+
 /// The editor's and the reconciler's work: `n` gateways created, each
-/// followed by a status write; the names acknowledged. A refusal panics.
+/// followed by a status write. A refusal panics.
 pub async fn work(
     endpoint: &str,
     (editor, reconciler): (&str, &str),
     prefix: &str,
     n: usize,
-) -> Vec<String> {
+) -> Done {
     let client = |token: &str| {
         ClientConfig { endpoint: endpoint.into(), token: Some(token.into()), ..Default::default() }
             .connect_lazy()
@@ -108,9 +125,10 @@ pub async fn work(
     };
     let (mut editor, mut reconciler): (GatewayClient, GatewayClient) =
         (client(editor), client(reconciler));
-    let mut acked = Vec::new();
+    let mut done = Done::default();
     for i in 0..n {
         let name = format!("{prefix}-{i}");
+        let started = std::time::Instant::now();
         let created = editor
             .create_gateway(CreateGatewayRequest {
                 gateway: Some(gateway(&name).build()),
@@ -118,7 +136,8 @@ pub async fn work(
             })
             .await
             .unwrap_or_else(|s| panic!("the editor was refused: {s:?}"));
-        acked.push(name);
+        done.creates.push(started.elapsed());
+        done.acked.push(name);
         let mut g = created.into_inner();
         g.status = Some(GatewayStatus {
             phase: Phase::Written.into(),
@@ -130,12 +149,14 @@ pub async fn work(
             update_mask: Some(prost_types::FieldMask { paths: vec!["status".into()] }),
             ..Default::default()
         };
+        let started = std::time::Instant::now();
         reconciler
             .update_gateway(request)
             .await
             .unwrap_or_else(|s| panic!("the reconciler was refused: {s:?}"));
+        done.status_writes.push(started.elapsed());
     }
-    acked
+    done
 }
 
 /// The cumulative buckets `(upper bound in seconds, count)` of `method`'s
