@@ -26,6 +26,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod background;
 pub mod config;
 mod error;
 pub mod grpc;

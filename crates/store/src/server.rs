@@ -14,6 +14,7 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tower::Layer;
 
 use crate::auth;
+use crate::background::Background;
 use crate::error::ServeError;
 use crate::grpc::conn::{self, ActiveCallsLayer, Connections};
 use crate::grpc::fairness::Fairness;
@@ -111,6 +112,7 @@ pub async fn serve(
             metrics.watch_page_bytes.clone(),
         ),
         Arc::new(Fairness::new(settings.limits.fairness, &metrics.fairness)),
+        Arc::new(Background::start(&settings.storage).map_err(ServeError::Background)?),
     );
     let observe =
         ObserveLayer::new(settings.auth.clone(), metrics.clone(), settings.limits.request_timeout);

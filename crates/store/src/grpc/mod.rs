@@ -36,6 +36,7 @@ use gantry_api::v1::{
     CreateGatewayRequest, DeleteGatewayRequest, Gateway, GetGatewayRequest, ListGatewaysRequest,
     ListGatewaysResponse, UpdateGatewayRequest, WatchGatewaysRequest,
 };
+use gantry_core::Role;
 use prost_types::Timestamp;
 use tonic::{Request, Response, Status};
 
@@ -43,6 +44,7 @@ use self::fairness::{AnswerSeat, Fairness, Seat};
 use self::watch::WatchStream;
 use self::watch_quota::WatchQuota;
 use crate::auth::{Auth, Credentials, Principal};
+use crate::background::Background;
 use crate::storage::Storage;
 use crate::watch::stream::WatchContext;
 use crate::writer::Writer;
@@ -56,6 +58,8 @@ pub struct GatewayApi {
     auth: Arc<Auth>,
     watch_quota: Arc<WatchQuota>,
     fairness: Arc<Fairness>,
+    /// Where the viewers' lists run (at a lower CPU priority).
+    background: Arc<Background>,
 }
 
 impl GatewayApi {
@@ -66,8 +70,9 @@ impl GatewayApi {
         auth: Arc<Auth>,
         watch_quota: Arc<WatchQuota>,
         fairness: Arc<Fairness>,
+        background: Arc<Background>,
     ) -> Self {
-        Self { writer, storage, watch, auth, watch_quota, fairness }
+        Self { writer, storage, watch, auth, watch_quota, fairness, background }
     }
 
     async fn authenticate<T>(&self, request: &Request<T>) -> Result<Principal, Status> {
@@ -122,8 +127,17 @@ impl GatewayService for GatewayApi {
         request: Request<ListGatewaysRequest>,
     ) -> Result<Response<ListGatewaysResponse>, Status> {
         let page = list::effective_page_size(request.get_ref().page_size);
-        let (_, seat) = self.admit(&request, fairness::width(Some(page))).await?;
-        let page = list::list(self.storage.as_ref(), request.into_inner()).await?;
+        let (principal, seat) = self.admit(&request, fairness::width(Some(page))).await?;
+        let request = request.into_inner();
+        let page = if principal.role == Role::Viewer {
+            let work = |storage: Arc<dyn Storage>| async move {
+                list::list(storage.as_ref(), request).await
+            };
+            let stopping = || Status::unavailable("gateway-store is stopping; retry");
+            self.background.run(work).await.ok_or_else(stopping)??
+        } else {
+            list::list(self.storage.as_ref(), request).await?
+        };
         Ok(AnswerSeat::respond(seat, page))
     }
 

@@ -180,6 +180,10 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     /// history (`Compacted` when that history is gone).
     async fn list(&self, page: Page<'_>) -> Result<Snapshot, StorageError>;
 
+    /// The same database, read through connections of its own, for work
+    /// run at a lower CPU priority ([`crate::background`]).
+    fn for_background(&self) -> Arc<dyn Storage>;
+
     /// The secret that authenticates ListGateways page tokens, the same for
     /// every replica on this database.
     fn page_token_key(&self) -> &[u8];

@@ -127,6 +127,11 @@ impl Storage for PostgresStorage {
         Ok(out)
     }
 
+    /// The same pool: PostgreSQL does the reading in its own processes.
+    fn for_background(&self) -> Arc<dyn Storage> {
+        Arc::new(self.clone())
+    }
+
     async fn get(&self, name: &str) -> Result<Option<Gateway>, StorageError> {
         Queries::get(&self.pool, name).await
     }

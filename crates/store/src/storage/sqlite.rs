@@ -170,6 +170,9 @@ impl Drop for BatchTx {
 pub struct SqliteStorage {
     writer: SqlitePool,
     readers: SqlitePool,
+    /// Readers for the background thread: connected by it when first
+    /// used, so that SQLite's threads for them take its priority.
+    background: SqlitePool,
     page_token_key: Vec<u8>,
 }
 
@@ -196,10 +199,15 @@ impl SqliteStorage {
             .max_connections(4)
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(30))
-            .connect_with(options)
+            .connect_with(options.clone())
             .await?;
+        let background = SqlitePoolOptions::new()
+            .max_connections(2)
+            .test_before_acquire(false)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_lazy_with(options);
         let page_token_key = Queries::page_token_key(&writer).await?;
-        let storage = Self { writer, readers, page_token_key };
+        let storage = Self { writer, readers, background, page_token_key };
         super::check_durability(&storage.durability().await?)?;
         Ok(storage)
     }
@@ -217,6 +225,10 @@ impl Storage for SqliteStorage {
 
     async fn get(&self, name: &str) -> Result<Option<Gateway>, StorageError> {
         Queries::get(&self.readers, name).await
+    }
+
+    fn for_background(&self) -> Arc<dyn Storage> {
+        Arc::new(Self { readers: self.background.clone(), ..self.clone() })
     }
 
     async fn list(&self, page: Page<'_>) -> Result<Snapshot, StorageError> {
