@@ -10,7 +10,7 @@ use std::time::Duration;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use gantry_api::v1::{CreateGatewayRequest, ListGatewaysRequest};
-use gantry_client::{ClientConfig, GatewayClient};
+use gantry_client::GatewayClient;
 use gantry_testkit::jwt::{now, Signer};
 use gantry_testkit::oidc::OidcProvider;
 use gantry_testkit::{eventually, temp_dir, StoreProcess};
@@ -19,9 +19,7 @@ use tonic::Code;
 const BINDINGS: &str = "bindings:\n  - role: editor\n    subjects:\n      - {kind: Group, name: 'idp:platform'}\n  - role: viewer\n    subjects:\n      - {kind: User, name: viewer@example.com}\n";
 
 fn client(store: &StoreProcess, token: &str) -> GatewayClient {
-    ClientConfig { endpoint: store.endpoint(), token: Some(token.into()), ..Default::default() }
-        .connect_lazy()
-        .unwrap()
+    store.client_with_token(token)
 }
 
 fn person(issuer: &str, email: &str, groups: &[&str]) -> serde_json::Value {

@@ -14,7 +14,7 @@ use std::time::Duration;
 use gantry_api::v1::{
     CreateGatewayRequest, GatewayStatus, ListGatewaysRequest, Phase, UpdateGatewayRequest,
 };
-use gantry_client::{ClientConfig, GatewayClient};
+use gantry_client::GatewayClient;
 use gantry_testkit::jwt::{kid_of, now, Signer};
 use gantry_testkit::k8s::ControlPlane;
 use gantry_testkit::{eventually, replace_file, temp_dir, ReconcilerProcess, StoreProcess};
@@ -47,9 +47,7 @@ fn store(plane: &ControlPlane, dir: &Path, bindings: &str) -> StoreProcess {
 }
 
 fn client(store: &StoreProcess, token: &str) -> GatewayClient {
-    ClientConfig { endpoint: store.endpoint(), token: Some(token.into()), ..Default::default() }
-        .connect_lazy()
-        .unwrap()
+    store.client_with_token(token)
 }
 
 fn create_token(plane: &ControlPlane, namespace: &str, account: &str, args: &[&str]) -> String {

@@ -12,7 +12,7 @@
 #![allow(clippy::unwrap_used)]
 
 use gantry_api::v1::ListGatewaysRequest;
-use gantry_client::{ClientConfig, GatewayClient};
+use gantry_client::GatewayClient;
 use gantry_testkit::load::{self, Flood};
 use gantry_testkit::{http_get, temp_dir, StoreProcess};
 
@@ -24,9 +24,7 @@ fn viewer(i: usize) -> String {
 }
 
 fn client(store: &StoreProcess, token: &str) -> GatewayClient {
-    ClientConfig { endpoint: store.endpoint(), token: Some(token.into()), ..Default::default() }
-        .connect_lazy()
-        .unwrap()
+    store.client_with_token(token)
 }
 
 /// A metric's value on the store's /metrics (0 when absent).

@@ -700,13 +700,8 @@ async fn one_identity_holds_at_most_its_watches() {
     let store =
         StoreProcess::sqlite_with_tokens(&dir, tokens, &["--max-watches-per-identity", "3"]);
     let watch = |token: &str| {
-        let config = ClientConfig {
-            endpoint: store.endpoint(),
-            token: Some(token.into()),
-            ..Default::default()
-        };
+        let mut client = store.client_with_token(token);
         async move {
-            let mut client = config.connect_lazy().unwrap();
             let request = gantry_api::v1::WatchGatewaysRequest::default();
             client.watch_gateways(request).await.map(tonic::Response::into_inner)
         }

@@ -64,13 +64,8 @@ async fn an_open_watch_ends_unauthenticated_when_its_token_expires_or_is_removed
     let store =
         StoreProcess::start_with(&database, &dir, &["--tokens-file", file.to_str().unwrap()]);
     let watch = |token: &str| {
-        let config = ClientConfig {
-            endpoint: store.endpoint(),
-            token: Some(token.into()),
-            ..Default::default()
-        };
+        let mut client = store.client_with_token(token);
         async move {
-            let mut client = config.connect_lazy().unwrap();
             let request = WatchGatewaysRequest { allow_bookmarks: true, ..Default::default() };
             client.watch_gateways(request).await.map(tonic::Response::into_inner)
         }

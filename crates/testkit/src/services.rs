@@ -175,6 +175,17 @@ impl StoreProcess {
             .expect("a client of the store")
     }
 
+    /// A client of this store sending `token` (connects on first use).
+    pub fn client_with_token(&self, token: &str) -> gantry_client::GatewayClient {
+        gantry_client::ClientConfig {
+            endpoint: self.endpoint(),
+            token: Some(token.into()),
+            ..Default::default()
+        }
+        .connect_lazy()
+        .expect("a client of the store")
+    }
+
     /// Starts the process (again) and waits for `/readyz`.
     pub fn spawn(&mut self) {
         if let Err(NotUp::PortTaken(why) | NotUp::Failed(why)) = self.try_spawn() {
