@@ -87,28 +87,34 @@ const CHANNEL: &str = "gantry_events";
 #[derive(Debug, Clone)]
 pub struct PostgresStorage {
     pool: PgPool,
+    /// Connections for the background thread, made by it when first used:
+    /// a connection's socket belongs to the runtime that opened it, and the
+    /// background runtime stops before the store's last writes.
+    background: PgPool,
     page_token_key: Vec<u8>,
 }
 
 impl PostgresStorage {
     /// Connects to `url` (`postgres://...`) and applies the migrations.
     pub async fn open(url: &str) -> Result<Self, StorageError> {
-        let pool = PgPoolOptions::new()
-            .max_connections(16)
-            .acquire_timeout(Duration::from_secs(10))
-            // A database or role may default to synchronous_commit=off:
-            // every connection of the store commits durably regardless.
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    sqlx::query("SET synchronous_commit = on").execute(conn).await?;
-                    Ok(())
+        let options = |connections| {
+            PgPoolOptions::new()
+                .max_connections(connections)
+                .acquire_timeout(Duration::from_secs(10))
+                // A database or role may default to synchronous_commit=off:
+                // every connection of the store commits durably regardless.
+                .after_connect(|conn, _| {
+                    Box::pin(async move {
+                        sqlx::query("SET synchronous_commit = on").execute(conn).await?;
+                        Ok(())
+                    })
                 })
-            })
-            .connect(url)
-            .await?;
+        };
+        let pool = options(16).connect(url).await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;
+        let background = options(2).connect_lazy(url)?;
         let page_token_key = Queries::page_token_key(&pool).await?;
-        let storage = Self { pool, page_token_key };
+        let storage = Self { pool, background, page_token_key };
         super::check_durability(&storage.durability().await?)?;
         Ok(storage)
     }
@@ -127,9 +133,8 @@ impl Storage for PostgresStorage {
         Ok(out)
     }
 
-    /// The same pool: PostgreSQL does the reading in its own processes.
     fn for_background(&self) -> Arc<dyn Storage> {
-        Arc::new(self.clone())
+        Arc::new(Self { pool: self.background.clone(), ..self.clone() })
     }
 
     async fn get(&self, name: &str) -> Result<Option<Gateway>, StorageError> {
