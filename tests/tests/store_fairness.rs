@@ -44,13 +44,28 @@ async fn work(store: &StoreProcess, prefix: &str, n: usize) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flooding_viewer_is_refused_while_the_editor_and_the_reconciler_never_wait() {
     let dir = temp_dir("fairness");
+    let database = format!("sqlite://{}", dir.join("gantry.db").display());
+    flood_beside_the_work(&database, &dir).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flooding_viewer_is_refused_while_the_editor_and_the_reconciler_never_wait_on_postgres() {
+    let Some(db) = gantry_testkit::TestDatabase::postgres().await else { return };
+    let dir = temp_dir("fairness-pg");
+    flood_beside_the_work(&db.url, &dir).await;
+    db.drop_database().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+async fn flood_beside_the_work(database: &str, dir: &std::path::Path) {
     let mut tokens = format!("{EDITOR},eddie,editor\n{RECONCILER},gateway-reconciler,reconciler\n");
     for i in 0..8 {
         tokens.push_str(&format!("{},viewer-{i},viewer\n", viewer(i)));
     }
     let flags =
         ["--fair-viewer-concurrency", "4", "--fair-queue-length", "8", "--fair-queue-wait", "1s"];
-    let store = StoreProcess::sqlite_with_tokens(&dir, &tokens, &flags);
+    let store = StoreProcess::with_tokens(database, dir, &tokens, &flags);
     // Something to list: 100 gateways.
     let mut acked = work(&store, "base", 100).await;
 
@@ -92,10 +107,12 @@ async fn a_flooding_viewer_is_refused_while_the_editor_and_the_reconciler_never_
         assert!(early > early_before, "no call back before its retry delay was held");
         let loaded = (load::p99(&c2, &c3), load::p99(&u2, &u3));
         eprintln!(
-            "flood of {identities} viewer identities on 64 connections: {served} lists served, {refused} refused, \
+            "{}: flood of {identities} viewer identities on 64 connections: {served} lists served, {refused} refused, \
              {} held to their retry delay; {round} rounds of work; \
              p99 create {:.4}s quiet / {:.4}s flooded, status write {:.4}s / {:.4}s",
-            early - early_before, quiet.0, loaded.0, quiet.1, loaded.1
+            database.split(':').next().unwrap_or_default(),
+            early - early_before,
+            quiet.0, loaded.0, quiet.1, loaded.1
         );
         assert!(refused > 0, "the flood was never refused ({served} served)");
         let rejected = metric(&store, "gantry_store_fairness_rejected_total{level=\"viewers\"} ");
@@ -121,5 +138,4 @@ async fn a_flooding_viewer_is_refused_while_the_editor_and_the_reconciler_never_
     let lost: Vec<&String> = acked.iter().filter(|n| !listed.contains(*n)).collect();
     assert!(lost.is_empty(), "acknowledged and lost: {lost:?}");
     drop(store);
-    let _ = std::fs::remove_dir_all(dir);
 }

@@ -61,10 +61,25 @@ async fn initial_names(stream: &mut tonic::Streaming<gantry_api::v1::WatchEvent>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_identitys_unread_watches_hold_at_most_its_budget_and_lose_nothing() {
     let dir = temp_dir("watch-budget");
+    let database = format!("sqlite://{}", dir.join("gantry.db").display());
+    unread_watches_within_the_budget(&database, &dir).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identitys_unread_watches_hold_at_most_its_budget_on_postgres() {
+    let Some(db) = gantry_testkit::TestDatabase::postgres().await else { return };
+    let dir = temp_dir("watch-budget-pg");
+    unread_watches_within_the_budget(&db.url, &dir).await;
+    db.drop_database().await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+async fn unread_watches_within_the_budget(database: &str, dir: &std::path::Path) {
     let tokens = format!("{ALICE},alice,viewer\n{BOB},bob,viewer\n{EDITOR},eddie,editor\n");
     let budget = BUDGET.to_string();
     let flags = ["--max-watch-bytes-per-identity", budget.as_str()];
-    let store = StoreProcess::sqlite_with_tokens(&dir, &tokens, &flags);
+    let store = StoreProcess::with_tokens(database, dir, &tokens, &flags);
     // 60 gateways of about 100 KiB: a page holds two or three.
     let mut editor = connect(&store, EDITOR).await;
     for i in 0..GATEWAYS {
@@ -103,7 +118,10 @@ async fn an_identitys_unread_watches_hold_at_most_its_budget_and_lose_nothing() 
     };
     assert_eq!(names, all, "bob's initial objects");
     peak = peak.max(page_bytes(&store));
-    eprintln!("12 unread watches of one identity hold {peak} bytes of pages (budget {BUDGET})");
+    let backend = database.split(':').next().unwrap_or_default();
+    eprintln!(
+        "{backend}: 12 unread watches of one identity hold {peak} bytes of pages (budget {BUDGET})"
+    );
     assert!(peak <= bound, "alice's unread watches hold {peak} bytes, past her budget");
 
     // Alice reads all of them at once: each gets every object exactly once,
@@ -120,5 +138,4 @@ async fn an_identitys_unread_watches_hold_at_most_its_budget_and_lose_nothing() 
     // Drained: the pages are given back.
     eventually(PATIENCE, "every page given back", || async { page_bytes(&store) == 0 }).await;
     drop(store);
-    let _ = std::fs::remove_dir_all(dir);
 }

@@ -90,13 +90,23 @@ impl StoreProcess {
     /// (its lines: `token,user,role[,expiry]`), written to
     /// `dir/tokens.csv`, with more flags.
     pub fn sqlite_with_tokens(dir: &Path, tokens: &str, extra: &[&str]) -> StoreProcess {
+        let database = format!("sqlite://{}", dir.join("gantry.db").display());
+        Self::with_tokens(&database, dir, tokens, extra)
+    }
+
+    /// As [`StoreProcess::sqlite_with_tokens`], on `database_url`.
+    pub fn with_tokens(
+        database_url: &str,
+        dir: &Path,
+        tokens: &str,
+        extra: &[&str],
+    ) -> StoreProcess {
         let file = dir.join("tokens.csv");
         std::fs::write(&file, tokens).expect("write the tokens file");
         let file = file.display().to_string();
         let flags: Vec<&str> =
             ["--tokens-file", file.as_str()].into_iter().chain(extra.iter().copied()).collect();
-        let database = format!("sqlite://{}", dir.join("gantry.db").display());
-        Self::start_with(&database, dir, &flags)
+        Self::start_with(database_url, dir, &flags)
     }
 
     /// As [`StoreProcess::start_with`], with environment variables.
