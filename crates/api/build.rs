@@ -18,6 +18,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .codec_path("crate::codec::StrictCodec")
         // Hand-written (src/watch_event.rs): it can carry a pre-encoded gateway.
         .extern_path(".gantry.v1.WatchEvent", "crate::watch_event::WatchEvent")
+        // Hand-written (src/list_response.rs): it can carry pre-encoded gateways.
+        .extern_path(
+            ".gantry.v1.ListGatewaysResponse",
+            "crate::list_response::ListGatewaysResponse",
+        )
         .compile_fds(fds)?;
     Ok(())
 }

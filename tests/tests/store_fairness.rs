@@ -37,14 +37,19 @@ fn buckets(store: &StoreProcess, method: &str) -> Vec<(f64, f64)> {
     load::buckets(&http_get(store.http, "/metrics").unwrap_or_default(), method)
 }
 
-async fn work(store: &StoreProcess, prefix: &str, n: usize) -> Vec<String> {
-    load::work(&store.endpoint(), (EDITOR, RECONCILER), prefix, n).await.acked
+async fn work(store: &StoreProcess, prefix: &str, n: usize) -> load::Done {
+    load::work(&store.endpoint(), (EDITOR, RECONCILER), prefix, n).await
 }
+
+/// One flood at a time: the two backends' tests would otherwise load each
+/// other's quiet and flooded runs.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flooding_viewer_is_refused_while_the_editor_and_the_reconciler_never_wait() {
     let dir = temp_dir("fairness");
     let database = format!("sqlite://{}", dir.join("gantry.db").display());
+    let _alone = ONE_AT_A_TIME.lock().await;
     flood_beside_the_work(&database, &dir).await;
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -53,9 +58,17 @@ async fn a_flooding_viewer_is_refused_while_the_editor_and_the_reconciler_never_
 async fn a_flooding_viewer_is_refused_while_the_editor_and_the_reconciler_never_wait_on_postgres() {
     let Some(db) = gantry_testkit::TestDatabase::postgres().await else { return };
     let dir = temp_dir("fairness-pg");
+    let _alone = ONE_AT_A_TIME.lock().await;
     flood_beside_the_work(&db.url, &dir).await;
     db.drop_database().await;
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The exact p99 (seconds) of creates and of status writes, as the
+/// clients saw them.
+fn exact_p99(done: &load::Done) -> (f64, f64) {
+    let p99 = |l: &[std::time::Duration]| load::quantile(l, 0.99).as_secs_f64();
+    (p99(&done.creates), p99(&done.status_writes))
 }
 
 async fn flood_beside_the_work(database: &str, dir: &std::path::Path) {
@@ -67,13 +80,15 @@ async fn flood_beside_the_work(database: &str, dir: &std::path::Path) {
         ["--fair-viewer-concurrency", "4", "--fair-queue-length", "8", "--fair-queue-wait", "1s"];
     let store = StoreProcess::with_tokens(database, dir, &tokens, &flags);
     // Something to list: 100 gateways.
-    let mut acked = work(&store, "base", 100).await;
+    let mut acked = work(&store, "base", 100).await.acked;
 
     let (create, update) = ("CreateGateway", "UpdateGateway");
     let (c0, u0) = (buckets(&store, create), buckets(&store, update));
-    acked.extend(work(&store, "quiet", 50).await);
+    let quiet_work = work(&store, "quiet", 50).await;
     let (c1, u1) = (buckets(&store, create), buckets(&store, update));
     let quiet = (load::p99(&c0, &c1), load::p99(&u0, &u1));
+    let quiet_client = exact_p99(&quiet_work);
+    acked.extend(quiet_work.acked);
 
     for identities in [1, 8] {
         let waited_before =
@@ -88,9 +103,12 @@ async fn flood_beside_the_work(database: &str, dir: &std::path::Path) {
         // Rounds of work for several retry delays, so that the flood's
         // callers come back (early) more than once.
         let started = std::time::Instant::now();
-        let mut round = 0;
+        let (mut round, mut flooded_work) = (0, load::Done::default());
         while round < 2 || started.elapsed() < std::time::Duration::from_secs(4) {
-            acked.extend(work(&store, &format!("flood{identities}-{round}"), 25).await);
+            let done = work(&store, &format!("flood{identities}-{round}"), 25).await;
+            flooded_work.creates.extend(done.creates);
+            flooded_work.status_writes.extend(done.status_writes);
+            acked.extend(done.acked);
             round += 1;
         }
         let (c3, u3) = (buckets(&store, create), buckets(&store, update));
@@ -106,13 +124,17 @@ async fn flood_beside_the_work(database: &str, dir: &std::path::Path) {
         let early = metric(&store, "gantry_store_fairness_early_retries_total{level=\"viewers\"} ");
         assert!(early > early_before, "no call back before its retry delay was held");
         let loaded = (load::p99(&c2, &c3), load::p99(&u2, &u3));
+        let loaded_client = exact_p99(&flooded_work);
         eprintln!(
             "{}: flood of {identities} viewer identities on 64 connections: {served} lists served, {refused} refused, \
-             {} held to their retry delay; {round} rounds of work; \
-             p99 create {:.4}s quiet / {:.4}s flooded, status write {:.4}s / {:.4}s",
+             {} held to their retry delay; {round} rounds of work; p99 quiet / flooded (ratio): \
+             store's histograms: create {:.4}s / {:.4}s ({:.2}x), status write {:.4}s / {:.4}s ({:.2}x); \
+             clients: create {:.4}s / {:.4}s ({:.2}x), status write {:.4}s / {:.4}s ({:.2}x)",
             database.split(':').next().unwrap_or_default(),
             early - early_before,
-            quiet.0, loaded.0, quiet.1, loaded.1
+            quiet.0, loaded.0, loaded.0 / quiet.0, quiet.1, loaded.1, loaded.1 / quiet.1,
+            quiet_client.0, loaded_client.0, loaded_client.0 / quiet_client.0,
+            quiet_client.1, loaded_client.1, loaded_client.1 / quiet_client.1,
         );
         assert!(refused > 0, "the flood was never refused ({served} served)");
         let rejected = metric(&store, "gantry_store_fairness_rejected_total{level=\"viewers\"} ");

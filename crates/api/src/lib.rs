@@ -8,11 +8,13 @@
 #![allow(missing_docs, missing_debug_implementations, clippy::all)]
 
 pub mod codec;
+mod list_response;
 mod watch_event;
 
 /// Version 1 of the gantry API.
 pub mod v1 {
     tonic::include_proto!("gantry.v1");
+    pub use crate::list_response::ListGatewaysResponse;
     pub use crate::watch_event::WatchEvent;
 
     /// Encoded `FileDescriptorSet` of the API, served by gRPC reflection.

@@ -175,15 +175,29 @@ pub fn buckets(metrics: &str, method: &str) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// The p99 (a bucket's upper bound, in seconds) of the calls between two
-/// readings of [`buckets`].
+/// The p99 (seconds) of the calls between two readings of [`buckets`],
+/// interpolated linearly inside its bucket as Prometheus'
+/// `histogram_quantile` does.
 pub fn p99(before: &[(f64, f64)], after: &[(f64, f64)]) -> f64 {
     let delta: Vec<(f64, f64)> = after
         .iter()
         .map(|(le, n)| (*le, n - before.iter().find(|(b, _)| b == le).map_or(0.0, |(_, m)| *m)))
         .collect();
     let total = delta.last().map_or(0.0, |(_, n)| *n);
-    delta.iter().find(|(_, n)| *n >= total * 0.99).map_or(f64::INFINITY, |(le, _)| *le)
+    if total <= 0.0 {
+        return f64::INFINITY;
+    }
+    let rank = total * 0.99;
+    let Some(i) = delta.iter().position(|(_, n)| *n >= rank) else { return f64::INFINITY };
+    let (upper, count) = delta[i];
+    let (lower, below) = if i == 0 { (0.0, 0.0) } else { delta[i - 1] };
+    if upper.is_infinite() {
+        return lower;
+    }
+    if count <= below {
+        return upper;
+    }
+    lower + (upper - lower) * (rank - below) / (count - below)
 }
 
 /// A metric's value in `/metrics` text, by the start of its line (0 when
@@ -193,4 +207,26 @@ pub fn metric(metrics: &str, line_start: &str) -> f64 {
         .lines()
         .find_map(|l| l.strip_prefix(line_start).and_then(|v| v.trim().parse().ok()))
         .unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::p99;
+
+    #[test]
+    fn p99_is_interpolated_inside_its_bucket() {
+        let before = [(0.001, 0.0), (0.002, 0.0), (0.004, 0.0), (f64::INFINITY, 0.0)];
+        // 100 calls: 50 up to 1 ms, 40 in (1, 2] ms, 10 in (2, 4] ms.
+        let after = [(0.001, 50.0), (0.002, 90.0), (0.004, 100.0), (f64::INFINITY, 100.0)];
+        // Rank 99 is the 9th of the 10 calls in (2, 4] ms.
+        assert!((p99(&before, &after) - 0.0038).abs() < 1e-9, "{}", p99(&before, &after));
+        // Only what happened between the readings counts.
+        let later = [(0.001, 100.0), (0.002, 180.0), (0.004, 200.0), (f64::INFINITY, 200.0)];
+        assert!((p99(&after, &later) - 0.0038).abs() < 1e-9);
+        // Past the last finite bucket: its bound, as Prometheus answers.
+        let slow = [(0.001, 0.0), (0.002, 0.0), (0.004, 0.0), (f64::INFINITY, 100.0)];
+        assert_eq!(p99(&before, &slow), 0.004);
+        // No calls: no p99.
+        assert!(p99(&before, &before).is_infinite());
+    }
 }

@@ -13,7 +13,7 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool,
 
 use super::{
     decode, decode_event, events_cut, now_ms, page_cut, Event, Page, Retention, Snapshot,
-    StorageError,
+    StorageError, Stored,
 };
 
 /// An event row: revision, event type, name, object, previous labels.
@@ -146,8 +146,10 @@ where
             }
         }
         tx.commit().await?;
-        let gateways =
-            rows.iter().map(|(name, bytes)| decode(name, bytes)).collect::<Result<_, _>>()?;
+        let gateways = rows
+            .into_iter()
+            .map(|(name, bytes)| Stored::decode(&name, bytes))
+            .collect::<Result<_, _>>()?;
         Ok(Snapshot { gateways, revision, more: cut.more })
     }
 

@@ -104,7 +104,7 @@ pub struct Committed {
 /// A page of gateways in name order and the revision it is consistent with.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Snapshot {
-    pub gateways: Vec<Gateway>,
+    pub gateways: Vec<Stored>,
     pub revision: i64,
     /// More gateways follow the last one of this page.
     pub more: bool,
@@ -227,6 +227,31 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
 
     /// Which backend this is, for logs and metrics.
     fn backend(&self) -> &'static str;
+}
+
+/// A gateway as read from the database: its encoding, sent on as it is,
+/// and what the store looks at to filter and page it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stored {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub resource_version: i64,
+    /// The protobuf encoding of the gateway, as stored.
+    pub encoded: Bytes,
+}
+
+impl Stored {
+    /// Checks that `bytes` decode (a corrupt row is an error, not bytes
+    /// passed on to a client) and keeps them.
+    pub(crate) fn decode(name: &str, bytes: Vec<u8>) -> Result<Stored, StorageError> {
+        let meta = decode(name, &bytes)?.metadata.unwrap_or_default();
+        Ok(Stored {
+            name: name.to_string(),
+            labels: meta.labels,
+            resource_version: meta.resource_version,
+            encoded: Bytes::from(bytes),
+        })
+    }
 }
 
 /// Decodes a stored object.

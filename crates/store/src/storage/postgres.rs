@@ -112,7 +112,7 @@ impl PostgresStorage {
         };
         let pool = options(16).connect(url).await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;
-        let background = options(2).connect_lazy(url)?;
+        let background = options(1).connect_lazy(url)?;
         let page_token_key = Queries::page_token_key(&pool).await?;
         let storage = Self { pool, background, page_token_key };
         super::check_durability(&storage.durability().await?)?;

@@ -3,10 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use gantry_api::v1::{EventType, Gateway};
+use gantry_api::v1::EventType;
 use gantry_core::Selector;
 
-use crate::storage::Event;
+use crate::storage::{Event, Stored};
 
 /// Which events a subscriber wants.
 #[derive(Debug, Clone, Default)]
@@ -27,12 +27,10 @@ impl Filter {
         self.selector.matches(labels.unwrap_or(&EMPTY))
     }
 
-    /// Whether an object is in the watched set.
-    pub fn matches(&self, gateway: &Gateway) -> bool {
-        let meta = gateway.metadata.as_ref();
-        let name = meta.map_or("", |m| m.name.as_str());
-        self.name.as_deref().is_none_or(|n| n == name)
-            && self.matches_labels(meta.map(|m| &m.labels))
+    /// Whether a stored object is in the watched set.
+    pub fn matches(&self, gateway: &Stored) -> bool {
+        self.name.as_deref().is_none_or(|n| n == gateway.name)
+            && self.matches_labels(Some(&gateway.labels))
     }
 
     /// What a subscriber sees of an event: an object entering the selected
@@ -57,7 +55,7 @@ impl Filter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gantry_api::v1::ObjectMeta;
+    use gantry_api::v1::{Gateway, ObjectMeta};
 
     fn event(
         kind: EventType,

@@ -24,13 +24,13 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gantry_api::v1::{EventType, Gateway, WatchEvent};
+use gantry_api::v1::{EventType, WatchEvent};
 use gantry_runtime::Shutdown;
 
 use super::budget::{Budget, Charge, BUDGET_WAIT};
 use super::filter::Filter;
 use super::hub::{Read, Subscription, WatchHub, WATCH_PAGE_BYTES};
-use crate::storage::{Event, Page, Storage, StorageError};
+use crate::storage::{Event, Page, Storage, StorageError, Stored};
 
 /// Events read per query when a watch resumes from the events table.
 const CATCH_UP_PAGE: usize = 500;
@@ -53,7 +53,7 @@ pub struct WatchContext {
 /// The initial objects of a `send_initial_events` watch, read page by page
 /// as of the watch's starting revision while the subscriber reads.
 struct Initial {
-    page: std::vec::IntoIter<Gateway>,
+    page: std::vec::IntoIter<Stored>,
     /// The last name read; more follow when `more`.
     after: String,
     more: bool,
@@ -78,13 +78,8 @@ impl Initial {
         let at = Some(at);
         let page = Page { after: &after, limit: INITIAL_PAGE, max_bytes: WATCH_PAGE_BYTES, at };
         let snapshot = storage.list(page).await?;
-        charge
-            .resize(snapshot.gateways.iter().map(|g| prost::Message::encoded_len(g) as u64).sum());
-        let after = snapshot
-            .gateways
-            .last()
-            .and_then(|g| g.metadata.as_ref())
-            .map_or(after, |m| m.name.clone());
+        charge.resize(snapshot.gateways.iter().map(|g| g.encoded.len() as u64).sum());
+        let after = snapshot.gateways.last().map_or(after, |g| g.name.clone());
         Ok(Initial {
             page: snapshot.gateways.into_iter(),
             after,
@@ -156,8 +151,12 @@ pub type Events = std::pin::Pin<
     Box<dyn futures_util::Stream<Item = Result<WatchEvent, WatchEnd>> + Send + 'static>,
 >;
 
-fn event_out(kind: EventType, gateway: Option<Gateway>, revision: i64) -> WatchEvent {
-    WatchEvent { r#type: kind as i32, gateway, resource_version: revision, ..Default::default() }
+fn bookmark(revision: i64) -> WatchEvent {
+    WatchEvent {
+        r#type: EventType::Bookmark as i32,
+        resource_version: revision,
+        ..Default::default()
+    }
 }
 
 /// A committed change as sent: the object's bytes as encoded at commit,
@@ -232,8 +231,13 @@ async fn next(s: &mut State) -> Option<Result<WatchEvent, WatchEnd>> {
                 if !s.filter.matches(&gateway) {
                     continue;
                 }
-                let revision = gateway.metadata.as_ref().map_or(0, |m| m.resource_version);
-                return Some(Ok(event_out(EventType::Added, Some(gateway), revision)));
+                // Its bytes as stored, as every change is sent.
+                return Some(Ok(WatchEvent {
+                    r#type: EventType::Added as i32,
+                    encoded_gateway: Some(gateway.encoded),
+                    resource_version: gateway.resource_version,
+                    ..Default::default()
+                }));
             }
             if initial.more {
                 let after = std::mem::take(&mut initial.after);
@@ -254,7 +258,7 @@ async fn next(s: &mut State) -> Option<Result<WatchEvent, WatchEnd>> {
                 continue;
             }
             s.initial = None;
-            let mut end = event_out(EventType::Bookmark, None, s.last);
+            let mut end = bookmark(s.last);
             end.initial_events_end = true;
             return Some(Ok(end));
         }
@@ -317,7 +321,7 @@ async fn next(s: &mut State) -> Option<Result<WatchEvent, WatchEnd>> {
                 }
             }
             _ = tick(&mut s.bookmarks) => {
-                return Some(Ok(event_out(EventType::Bookmark, None, s.last)));
+                return Some(Ok(bookmark(s.last)));
             }
         }
     }
@@ -378,7 +382,7 @@ async fn attach(s: &mut State) -> Result<(), StorageError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gantry_api::v1::ObjectMeta;
+    use gantry_api::v1::{Gateway, ObjectMeta};
 
     #[test]
     fn every_subscriber_sends_the_bytes_encoded_at_commit() {
