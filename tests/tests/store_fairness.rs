@@ -41,8 +41,17 @@ async fn work(store: &StoreProcess, prefix: &str, n: usize) -> load::Done {
     load::work(&store.endpoint(), (EDITOR, RECONCILER), prefix, n).await
 }
 
-/// One flood at a time: the two backends' tests would otherwise load each
-/// other's quiet and flooded runs.
+/// The editor's and the reconciler's work for [`PHASE`] (quiet or flooded
+/// alike, so that both p99s rank as many calls).
+async fn work_for(store: &StoreProcess, prefix: &str) -> load::Done {
+    load::work_for(&store.endpoint(), (EDITOR, RECONCILER), prefix, PHASE).await
+}
+
+const PHASE: std::time::Duration = std::time::Duration::from_secs(4);
+
+/// One test at a time: the two backends' tests (and making the PostgreSQL
+/// test's database) would otherwise load each other's quiet and flooded
+/// runs.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -56,9 +65,9 @@ async fn a_flooding_viewer_is_refused_while_the_editor_and_the_reconciler_never_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flooding_viewer_is_refused_while_the_editor_and_the_reconciler_never_wait_on_postgres() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let Some(db) = gantry_testkit::TestDatabase::postgres().await else { return };
     let dir = temp_dir("fairness-pg");
-    let _alone = ONE_AT_A_TIME.lock().await;
     flood_beside_the_work(&db.url, &dir).await;
     db.drop_database().await;
     let _ = std::fs::remove_dir_all(dir);
@@ -84,7 +93,7 @@ async fn flood_beside_the_work(database: &str, dir: &std::path::Path) {
 
     let (create, update) = ("CreateGateway", "UpdateGateway");
     let (c0, u0) = (buckets(&store, create), buckets(&store, update));
-    let quiet_work = work(&store, "quiet", 50).await;
+    let quiet_work = work_for(&store, "quiet").await;
     let (c1, u1) = (buckets(&store, create), buckets(&store, update));
     let quiet = (load::p99(&c0, &c1), load::p99(&u0, &u1));
     let quiet_client = exact_p99(&quiet_work);
@@ -100,17 +109,9 @@ async fn flood_beside_the_work(database: &str, dir: &std::path::Path) {
         let (c2, u2) = (buckets(&store, create), buckets(&store, update));
         let early_before =
             metric(&store, "gantry_store_fairness_early_retries_total{level=\"viewers\"} ");
-        // Rounds of work for several retry delays, so that the flood's
-        // callers come back (early) more than once.
-        let started = std::time::Instant::now();
-        let (mut round, mut flooded_work) = (0, load::Done::default());
-        while round < 2 || started.elapsed() < std::time::Duration::from_secs(4) {
-            let done = work(&store, &format!("flood{identities}-{round}"), 25).await;
-            flooded_work.creates.extend(done.creates);
-            flooded_work.status_writes.extend(done.status_writes);
-            acked.extend(done.acked);
-            round += 1;
-        }
+        // Work for several retry delays, so that the flood's callers come
+        // back (early) more than once.
+        let flooded_work = work_for(&store, &format!("flood{identities}")).await;
         let (c3, u3) = (buckets(&store, create), buckets(&store, update));
         let (served, refused) = flood.stop().await;
         // Every seat given back once the answers are written.
@@ -125,9 +126,11 @@ async fn flood_beside_the_work(database: &str, dir: &std::path::Path) {
         assert!(early > early_before, "no call back before its retry delay was held");
         let loaded = (load::p99(&c2, &c3), load::p99(&u2, &u3));
         let loaded_client = exact_p99(&flooded_work);
+        let calls = flooded_work.creates.len();
+        acked.extend(flooded_work.acked);
         eprintln!(
             "{}: flood of {identities} viewer identities on 64 connections: {served} lists served, {refused} refused, \
-             {} held to their retry delay; {round} rounds of work; p99 quiet / flooded (ratio): \
+             {} held to their retry delay; {calls} creates and status writes each; p99 quiet / flooded (ratio): \
              store's histograms: create {:.4}s / {:.4}s ({:.2}x), status write {:.4}s / {:.4}s ({:.2}x); \
              clients: create {:.4}s / {:.4}s ({:.2}x), status write {:.4}s / {:.4}s ({:.2}x)",
             database.split(':').next().unwrap_or_default(),

@@ -2,14 +2,15 @@
 //! connections, ignoring the retry delay (one identity, then the same flood
 //! spread over 8), while an editor creates gateways and the reconciler
 //! writes their status. Measured: the p99 of those creates and status
-//! writes from the store's own histograms (whose buckets double) and, exact,
+//! writes from the store's own histograms (interpolated inside buckets that
+//! double, as `histogram_quantile` does) and, exact,
 //! as the clients saw them, quiet and flooded (the target: flooded within
 //! 2× of quiet), the lists served and refused, and the calls held to their
 //! retry delay. Seats as `store_fairness.rs` sets them:
 //! 4 viewer seats (a 500-object page takes them all), queues of 8, 1 s of
 //! queue wait.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gantry_testkit::load::{self, Flood};
 use serde_json::{json, Value};
@@ -29,24 +30,20 @@ fn viewer(i: usize) -> String {
 
 /// The editor's and the reconciler's work for at least `duration`: the
 /// p99 of the creates and of the status writes, in seconds, from the
-/// store's histograms (a bucket's bound) and as the clients saw them
+/// store's histograms (interpolated) and as the clients saw them
 /// (exact): `[store create, store status, client create, client status]`.
 async fn work_for(store: &Store, prefix: &str, duration: Duration) -> anyhow::Result<[f64; 4]> {
     let before = store.metrics().await?;
-    let started = Instant::now();
-    let (mut creates, mut status_writes) = (Vec::new(), Vec::new());
-    let mut round = 0;
-    while started.elapsed() < duration {
-        let prefix = format!("{prefix}-{round}");
-        let done = load::work(&store.endpoint, (EDITOR, RECONCILER), &prefix, 25).await;
-        creates.extend(done.creates);
-        status_writes.extend(done.status_writes);
-        round += 1;
-    }
+    let done = load::work_for(&store.endpoint, (EDITOR, RECONCILER), prefix, duration).await;
     let after = store.metrics().await?;
     let p99 = |method| load::p99(&load::buckets(&before, method), &load::buckets(&after, method));
     let exact = |latencies: &[Duration]| load::quantile(latencies, 0.99).as_secs_f64();
-    Ok([p99("CreateGateway"), p99("UpdateGateway"), exact(&creates), exact(&status_writes)])
+    Ok([
+        p99("CreateGateway"),
+        p99("UpdateGateway"),
+        exact(&done.creates),
+        exact(&done.status_writes),
+    ])
 }
 
 pub async fn fairness(args: &Args, duration: Duration) -> anyhow::Result<Vec<Value>> {

@@ -159,6 +159,27 @@ pub async fn work(
     done
 }
 
+/// [`work`] in rounds of 25 gateways named `{prefix}-{round}-{i}`, for at
+/// least `duration` and two rounds.
+pub async fn work_for(
+    endpoint: &str,
+    tokens: (&str, &str),
+    prefix: &str,
+    duration: std::time::Duration,
+) -> Done {
+    let started = std::time::Instant::now();
+    let mut all = Done::default();
+    let mut round = 0;
+    while round < 2 || started.elapsed() < duration {
+        let done = work(endpoint, tokens, &format!("{prefix}-{round}"), 25).await;
+        all.acked.extend(done.acked);
+        all.creates.extend(done.creates);
+        all.status_writes.extend(done.status_writes);
+        round += 1;
+    }
+    all
+}
+
 /// The cumulative buckets `(upper bound in seconds, count)` of `method`'s
 /// latency histogram in the store's `/metrics` text.
 pub fn buckets(metrics: &str, method: &str) -> Vec<(f64, f64)> {
