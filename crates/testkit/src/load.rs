@@ -20,23 +20,29 @@ use crate::gateway::gateway;
 pub const FLOOD_CONNECTIONS: usize = 64;
 pub const FLOOD_CALLERS: usize = 4;
 
+/// The flood's thread's nice value: the lowest CPU priority.
+pub const FLOOD_NICE: i32 = 19;
+
 /// Lists sent back to back on [`FLOOD_CONNECTIONS`] connections by
 /// [`FLOOD_CALLERS`] callers each, ignoring the retry delay; each
-/// connection's token taken in turn from the flood's tokens. Pages are
-/// received, not decoded: the flood's CPU goes to the store, as when it
-/// comes from other machines.
+/// connection's token taken in turn from the flood's tokens. The flood's
+/// CPU goes to the store, as when it comes from other machines: pages are
+/// received, not decoded, and the callers run on a thread of their own at
+/// [`FLOOD_NICE`], so on a machine it shares with the store the flooding
+/// client takes no CPU the store and the other clients want.
 #[derive(Debug)]
 pub struct Flood {
     stop: Arc<AtomicBool>,
     refused: Arc<AtomicU64>,
     served: Arc<AtomicU64>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 impl Flood {
-    /// Starts flooding the store at `endpoint` with lists of `page_size`.
-    /// A refusal other than RESOURCE_EXHAUSTED with a retry delay panics
-    /// (seen when the flood stops).
+    /// Starts flooding the store at `endpoint` with lists of `page_size`,
+    /// once every connection is made. A refusal other than
+    /// RESOURCE_EXHAUSTED with a retry delay panics (seen when the flood
+    /// stops).
     pub async fn start(endpoint: &str, tokens: &[String], page_size: i32) -> Flood {
         let (stop, refused, served) = (
             Arc::new(AtomicBool::new(false)),
@@ -44,52 +50,84 @@ impl Flood {
             Arc::new(AtomicU64::new(0)),
         );
         let request = ListGatewaysRequest { page_size, ..Default::default() }.encode_to_vec();
-        let mut tasks = Vec::new();
-        for c in 0..FLOOD_CONNECTIONS {
-            let connection = crate::raw_grpc::connect(endpoint).await;
-            let token = tokens[c % tokens.len()].clone();
-            for _ in 0..FLOOD_CALLERS {
-                let (connection, token, request) =
-                    (connection.clone(), token.clone(), request.clone());
-                let (stop, refused, served) = (stop.clone(), refused.clone(), served.clone());
-                tasks.push(tokio::spawn(async move {
-                    while !stop.load(Ordering::Relaxed) {
-                        let list = crate::raw_grpc::call(
-                            connection.clone(),
-                            "ListGateways",
-                            request.clone(),
-                            Some(&token),
-                        );
-                        match list.await {
-                            Ok(_) => {
-                                served.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(s) if s.code() == Code::ResourceExhausted => {
-                                let details = s.get_error_details();
-                                assert!(
-                                    details.retry_info().and_then(|r| r.retry_delay).is_some(),
-                                    "a refusal without a retry delay: {s:?}"
-                                );
-                                refused.fetch_add(1, Ordering::Relaxed);
-                            }
-                            Err(s) => {
-                                panic!("flood call failed with {:?}: {}", s.code(), s.message())
-                            }
+        let (endpoint, tokens) = (endpoint.to_string(), tokens.to_vec());
+        let (connected, ready) = tokio::sync::oneshot::channel();
+        let counters = (stop.clone(), refused.clone(), served.clone());
+        let thread = std::thread::Builder::new()
+            .name("flood".into())
+            .spawn(move || {
+                rustix::process::setpriority_process(None, FLOOD_NICE)
+                    .expect("the flood's thread's priority");
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("the flood's runtime");
+                runtime.block_on(async move {
+                    let mut tasks = Vec::new();
+                    for c in 0..FLOOD_CONNECTIONS {
+                        let connection = crate::raw_grpc::connect(&endpoint).await;
+                        let token = tokens[c % tokens.len()].clone();
+                        for _ in 0..FLOOD_CALLERS {
+                            tasks.push(tokio::spawn(flood_caller(
+                                connection.clone(),
+                                token.clone(),
+                                request.clone(),
+                                counters.clone(),
+                            )));
                         }
                     }
-                }));
-            }
-        }
-        Flood { stop, refused, served, tasks }
+                    let _ = connected.send(());
+                    for task in tasks {
+                        task.await.expect("a flood caller failed");
+                    }
+                });
+            })
+            .expect("the flood's thread");
+        ready.await.expect("the flood could not connect");
+        Flood { stop, refused, served, thread }
     }
 
     /// Stops the flood: (lists served, calls refused).
     pub async fn stop(self) -> (u64, u64) {
         self.stop.store(true, Ordering::Relaxed);
-        for task in self.tasks {
-            task.await.expect("a flood caller failed");
-        }
+        let thread = self.thread;
+        tokio::task::spawn_blocking(move || thread.join())
+            .await
+            .expect("joining the flood's thread")
+            .expect("a flood caller failed");
         (self.served.load(Ordering::Relaxed), self.refused.load(Ordering::Relaxed))
+    }
+}
+
+/// One flood caller: lists back to back until `stop`, counting lists
+/// served and refused.
+async fn flood_caller(
+    connection: tonic::transport::Channel,
+    token: String,
+    request: Vec<u8>,
+    (stop, refused, served): (Arc<AtomicBool>, Arc<AtomicU64>, Arc<AtomicU64>),
+) {
+    while !stop.load(Ordering::Relaxed) {
+        let list = crate::raw_grpc::call(
+            connection.clone(),
+            "ListGateways",
+            request.clone(),
+            Some(&token),
+        );
+        match list.await {
+            Ok(_) => {
+                served.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(s) if s.code() == Code::ResourceExhausted => {
+                let details = s.get_error_details();
+                assert!(
+                    details.retry_info().and_then(|r| r.retry_delay).is_some(),
+                    "a refusal without a retry delay: {s:?}"
+                );
+                refused.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(s) => panic!("flood call failed with {:?}: {}", s.code(), s.message()),
+        }
     }
 }
 
