@@ -11,6 +11,8 @@
 
 #![allow(clippy::unwrap_used)]
 
+use std::io::Write as _;
+
 use gantry_api::v1::ListGatewaysRequest;
 use gantry_client::GatewayClient;
 use gantry_testkit::load::{self, Flood};
@@ -128,7 +130,7 @@ async fn flood_beside_the_work(database: &str, dir: &std::path::Path) {
         let loaded_client = exact_p99(&flooded_work);
         let calls = flooded_work.creates.len();
         acked.extend(flooded_work.acked);
-        eprintln!(
+        let figures = format!(
             "{}: flood of {identities} viewer identities on 64 connections: {served} lists served, {refused} refused, \
              {} held to their retry delay; {calls} creates and status writes each; p99 quiet / flooded (ratio): \
              store's histograms: create {:.4}s / {:.4}s ({:.2}x), status write {:.4}s / {:.4}s ({:.2}x); \
@@ -139,6 +141,9 @@ async fn flood_beside_the_work(database: &str, dir: &std::path::Path) {
             quiet_client.0, loaded_client.0, loaded_client.0 / quiet_client.0,
             quiet_client.1, loaded_client.1, loaded_client.1 / quiet_client.1,
         );
+        // Written to stderr directly, not through the test's captured
+        // output: the figures are in the log of every run, passing or not.
+        let _ = writeln!(std::io::stderr(), "{figures}");
         assert!(refused > 0, "the flood was never refused ({served} served)");
         let rejected = metric(&store, "gantry_store_fairness_rejected_total{level=\"viewers\"} ");
         assert!(rejected - rejected_before >= refused as f64, "refusals counted per level");
