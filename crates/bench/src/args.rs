@@ -56,8 +56,20 @@ pub struct Args {
     /// etcd binary for `versus` (Debian's etcd-server installs `etcd`).
     #[arg(long, global = true, env = "GANTRY_BENCH_ETCD_BIN", default_value = "etcd")]
     pub(crate) etcd_bin: PathBuf,
+    /// `SERVER:LOAD` (taskset CPU lists, e.g. `0:1`): the server under test
+    /// (gateway-store and a local PostgreSQL's processes, or etcd) on the
+    /// CPUs SERVER, this process and what it starts besides on LOAD.
+    #[arg(long, global = true, env = "GANTRY_BENCH_PIN")]
+    pub(crate) pin: Option<crate::pinning::Pin>,
     #[command(subcommand)]
     pub(crate) scenario: Scenario,
+}
+
+impl Args {
+    /// The CPUs of the server under test, when pinned.
+    pub(crate) fn server_cpus(&self) -> Option<&str> {
+        self.pin.as_ref().map(|p| p.server.as_str())
+    }
 }
 
 #[derive(Subcommand, Debug, Clone, Copy, PartialEq, Eq)]

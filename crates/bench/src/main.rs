@@ -9,6 +9,7 @@ mod etcd;
 mod fairness;
 mod fleet;
 mod pair;
+mod pinning;
 mod procs;
 mod reconciling;
 mod report;
@@ -105,6 +106,16 @@ async fn run(args: &Args, scenario: Scenario) -> anyhow::Result<Vec<Value>> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Held for the whole run: PostgreSQL gets its CPUs back when dropped.
+    let _pinned_postgres = match &args.pin {
+        Some(pin) => {
+            pinning::pin_self(pin)?;
+            (args.backend == args::Backend::Postgres)
+                .then(|| pinning::PinnedPostgres::pin(&pin.server))
+                .transpose()?
+        }
+        None => None,
+    };
     let scenarios: Vec<Scenario> = match args.scenario {
         Scenario::All => vec![
             Scenario::Read,

@@ -146,7 +146,8 @@ impl Store {
         let mut flags = strings(&flags);
         flags.extend(auth);
         flags.extend(strings(extra));
-        let mut process = Process::new(sibling("gateway-store"), flags);
+        let (program, flags) = crate::pinning::command(args.server_cpus(), &sibling("gateway-store"), flags);
+        let mut process = Process::new(program, flags);
         process
             .spawn()
             .context("start gateway-store (build it first: cargo build --release --bins)")?;
@@ -309,7 +310,8 @@ impl Etcd {
             "--logger",
             "zap",
         ];
-        let mut process = Process::new(&args.etcd_bin, strings(&flags));
+        let (program, flags) = crate::pinning::command(args.server_cpus(), &args.etcd_bin, strings(&flags));
+        let mut process = Process::new(program, flags);
         process.spawn().with_context(|| {
             format!(
                 "start {} (install Debian's etcd-server, or pass --etcd-bin)",

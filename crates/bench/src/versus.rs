@@ -10,9 +10,10 @@ use gantry_client::{ClientConfig, GatewayClient};
 use serde_json::{json, Value};
 use tokio_stream::StreamExt;
 
-use crate::args::Args;
+use crate::args::{Args, Backend};
 use crate::etcd;
 use crate::fleet::{gateway, percentiles, update_spec};
+use crate::pinning;
 use crate::procs::{Etcd, Store, Usage};
 
 /// One client reading one gateway of `config_bytes` of config back to back.
@@ -67,6 +68,26 @@ pub(crate) enum Server {
     Etcd(Etcd),
 }
 
+/// CPU seconds of the server under test and of the load generator.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Cpu {
+    server: f64,
+    load: f64,
+}
+
+impl Cpu {
+    /// The CPU used since `before`, as JSON, with the server's per
+    /// `ops` (µs of server CPU per write or per delivered event).
+    fn since(self, before: Cpu, ops: u64) -> Value {
+        let server = self.server - before.server;
+        json!({
+            "server_s": (server * 100.0).round() / 100.0,
+            "load_s": ((self.load - before.load) * 100.0).round() / 100.0,
+            "server_us_per_op": if ops > 0 { (server * 1e6 / ops as f64).round() } else { 0.0 },
+        })
+    }
+}
+
 /// One connection to a [`Server`].
 #[derive(Clone)]
 pub(crate) enum Connection {
@@ -100,6 +121,18 @@ impl Server {
             Server::Gantry(s) => s.usage(),
             Server::Etcd(e) => e.usage(),
         }
+    }
+
+    /// CPU seconds used so far by the server under test and by this
+    /// process (the load generator): for gantry on PostgreSQL, the local
+    /// PostgreSQL server's processes count as the server's.
+    pub(crate) fn cpu(&self, args: &Args) -> Cpu {
+        let database = match (self, args.backend) {
+            (Server::Gantry(_), Backend::Postgres) => pinning::cpu_seconds_named("postgres"),
+            _ => 0.0,
+        };
+        let load = Usage::of(std::process::id()).cpu_s;
+        Cpu { server: self.usage().cpu_s + database, load }
     }
 
     /// A new connection (HTTP/2, shared by the calls made on clones).
@@ -199,6 +232,7 @@ pub(crate) async fn write(
         server.create(&format!("w{c}")).await?;
     }
     let before = server.usage();
+    let cpu_before = server.cpu(args);
     let mut connections = Vec::with_capacity(clients);
     for _ in 0..clients {
         connections.push(server.connect().await?);
@@ -229,6 +263,7 @@ pub(crate) async fn write(
         "duration_s": duration.as_secs_f64(), "acknowledged_writes": ops,
         "writes_per_s": (ops as f64 / duration.as_secs_f64()).round(),
         "latency": percentiles(all), "store": server.usage().since(before),
+        "cpu": server.cpu(args).since(cpu_before, ops as u64),
     });
     server.stop().await;
     Ok(result)
@@ -293,6 +328,7 @@ pub(crate) async fn watch(
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let watching = server.usage();
+    let cpu_before = server.cpu(args);
     let received_before = received.load(Ordering::Relaxed);
     let deadline = Instant::now() + duration;
     let mut writes = 0u64;
@@ -311,6 +347,7 @@ pub(crate) async fn watch(
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = server.usage();
+    let cpu_after = server.cpu(args);
     stop.notify_waiters();
     let mut all = Vec::new();
     for t in tasks {
@@ -330,6 +367,7 @@ pub(crate) async fn watch(
         "delivered_per_s": (delivered as f64 / duration.as_secs_f64()).round(),
         "write_to_receive": percentiles(all),
         "store_rss_per_watcher_kib": (per_watcher * 10.0).round() / 10.0, "store": after.since(watching),
+        "cpu": cpu_after.since(cpu_before, delivered),
     });
     server.stop().await;
     Ok(result)
@@ -355,5 +393,7 @@ pub(crate) fn versus_row(
         "gantry_p99_ms": ms(g, "p99_us"), "etcd_p99_ms": ms(e, "p99_us"),
         "gantry_rss_per_watcher_kib": g.get("store_rss_per_watcher_kib"),
         "etcd_rss_per_watcher_kib": e.get("store_rss_per_watcher_kib"),
+        "gantry_server_cpu_us_per_op": g["cpu"]["server_us_per_op"],
+        "etcd_server_cpu_us_per_op": e["cpu"]["server_us_per_op"],
     })
 }
