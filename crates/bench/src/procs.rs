@@ -146,7 +146,8 @@ impl Store {
         let mut flags = strings(&flags);
         flags.extend(auth);
         flags.extend(strings(extra));
-        let (program, flags) = crate::pinning::command(args.server_cpus(), &sibling("gateway-store"), flags);
+        let (program, flags) =
+            crate::pinning::command(args.server_cpus(), &sibling("gateway-store"), flags);
         let mut process = Process::new(program, flags);
         process
             .spawn()
@@ -310,7 +311,8 @@ impl Etcd {
             "--logger",
             "zap",
         ];
-        let (program, flags) = crate::pinning::command(args.server_cpus(), &args.etcd_bin, strings(&flags));
+        let (program, flags) =
+            crate::pinning::command(args.server_cpus(), &args.etcd_bin, strings(&flags));
         let mut process = Process::new(program, flags);
         process.spawn().with_context(|| {
             format!(

@@ -220,7 +220,14 @@ pub fn append(path: &Path, results: &[Value]) -> anyhow::Result<()> {
         if points.is_empty() {
             continue;
         }
-        let file = format!("benchmarks-{date}-{commit}-{name}.svg");
+        // A run of the same commit on the same day keeps its own plot.
+        let file = (1..)
+            .map(|n| match n {
+                1 => format!("benchmarks-{date}-{commit}-{name}.svg"),
+                n => format!("benchmarks-{date}-{commit}-{name}-{n}.svg"),
+            })
+            .find(|f| !dir.join(f).exists())
+            .unwrap_or_default();
         std::fs::write(dir.join(&file), latency_plot(title, &points))?;
         let _ = writeln!(md, "\n![{title}]({file})");
     }

@@ -21,6 +21,7 @@ use prost::Message;
 mod driver;
 pub mod postgres;
 pub mod sqlite;
+mod sqlite_writer;
 
 /// A write rule run under the row lock: given the stored object, decide
 /// what to store.

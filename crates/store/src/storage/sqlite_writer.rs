@@ -1,0 +1,263 @@
+//! SQLite's write path on a thread of its own (rusqlite). A batch is
+//! handed to the thread once; there it takes the write lock, reads the
+//! rows it changes, runs the rules ([`plan_batch`]), stores the plan with
+//! cached prepared statements and commits, and the answer comes back
+//! once. Through sqlx each call was a hand-off to SQLite's worker thread
+//! and back (two per batch, the rows passed as JSON and taken apart by
+//! `json_each`). Reads, migrations and compaction stay on sqlx; both use
+//! the same SQLite library and file, and SQLite's lock orders their
+//! writes.
+
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
+use tokio::sync::oneshot;
+
+use super::{
+    batch_names, encode_labels, now_ms, plan_batch, stored_rows, BatchPlan, Committed, EventRow,
+    PendingWrite, RowColumns, StorageError,
+};
+
+const REVISION: &str = "SELECT revision FROM store_revision WHERE id = 1";
+const ROW: &str = "SELECT object FROM gateways WHERE name = ?1";
+const PUT: &str = "INSERT INTO gateways \
+    (name, uid, generation, observed_generation, resource_version, deleting, object) \
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+    ON CONFLICT (name) DO UPDATE SET uid = excluded.uid, generation = excluded.generation, \
+    observed_generation = excluded.observed_generation, \
+    resource_version = excluded.resource_version, deleting = excluded.deleting, \
+    object = excluded.object";
+const REMOVE: &str = "DELETE FROM gateways WHERE name = ?1";
+const EVENT: &str = "INSERT INTO gateway_events \
+    (revision, event_type, name, object, created_at_ms, prev_labels, prev_object) \
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+const SET_REVISION: &str = "UPDATE store_revision SET revision = ?1 WHERE id = 1";
+
+type Results = Vec<Result<Committed, StorageError>>;
+
+struct Job {
+    writes: Vec<PendingWrite>,
+    reply: oneshot::Sender<Result<Results, StorageError>>,
+}
+
+/// The handle of the writer thread; the thread ends when the last clone
+/// is dropped, after the batches already handed to it.
+#[derive(Debug, Clone)]
+pub(super) struct BatchWriter {
+    jobs: mpsc::Sender<Job>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job").field("writes", &self.writes.len()).finish_non_exhaustive()
+    }
+}
+
+impl BatchWriter {
+    /// Opens the (migrated) database file at `path` and starts the thread.
+    pub(super) fn open(path: &Path) -> Result<BatchWriter, StorageError> {
+        let mut conn = open(path)
+            .map_err(|e| StorageError::Setup(format!("open {} to write: {e}", path.display())))?;
+        check_durability(&conn)?;
+        let (jobs, queue) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("gantry-sqlite-writer".into())
+            .spawn(move || {
+                for job in queue {
+                    // The caller may have gone away; the batch stands.
+                    let _ = job.reply.send(write_batch(&mut conn, job.writes));
+                }
+            })
+            .map_err(|e| StorageError::Setup(format!("start the SQLite writer thread: {e}")))?;
+        Ok(BatchWriter { jobs })
+    }
+
+    /// Runs `writes` in one transaction: each write's answer, or why the
+    /// batch did not commit.
+    pub(super) async fn write(&self, writes: Vec<PendingWrite>) -> Result<Results, StorageError> {
+        let (reply, answer) = oneshot::channel();
+        self.jobs.send(Job { writes, reply }).map_err(|_| {
+            StorageError::NotCommitted("the SQLite writer thread has stopped".into())
+        })?;
+        answer.await.map_err(|_| {
+            StorageError::CommitUnknown("the SQLite writer thread stopped during the batch".into())
+        })?
+    }
+}
+
+fn open(path: &Path) -> rusqlite::Result<Connection> {
+    // No mutex of SQLite's own: the connection lives on one thread.
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags)?;
+    conn.busy_timeout(Duration::from_secs(10))?;
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.set_prepared_statement_cache_capacity(16);
+    Ok(conn)
+}
+
+/// The writer's connection keeps every acknowledged write through a
+/// crash: the file is in WAL mode (sqlx's connections made it so) and
+/// commits are synced (`synchronous = FULL`, 2).
+fn check_durability(conn: &Connection) -> Result<(), StorageError> {
+    let read = |pragma: &str| {
+        conn.pragma_query_value(None, pragma, |r| r.get::<_, rusqlite::types::Value>(0))
+            .map_err(|e| StorageError::Setup(format!("read PRAGMA {pragma}: {e}")))
+    };
+    let (journal, synchronous) = (read("journal_mode")?, read("synchronous")?);
+    let wal = matches!(&journal, rusqlite::types::Value::Text(mode) if mode == "wal");
+    let full = matches!(synchronous, rusqlite::types::Value::Integer(2));
+    if !(wal && full) {
+        return Err(StorageError::NotDurable(format!(
+            "the SQLite writer's connection has journal_mode {journal:?} and synchronous \
+             {synchronous:?}; it needs WAL and FULL (2)"
+        )));
+    }
+    Ok(())
+}
+
+/// Why a statement of the batch failed; nothing of it is committed.
+fn not_committed(e: rusqlite::Error) -> StorageError {
+    StorageError::NotCommitted(format!("SQLite: {e}"))
+}
+
+fn write_batch(conn: &mut Connection, writes: Vec<PendingWrite>) -> Result<Results, StorageError> {
+    // The write lock up front: no row read here can change before the
+    // batch writes. Dropped before its COMMIT, the transaction rolls back.
+    let tx =
+        conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(not_committed)?;
+    let base: i64 = tx
+        .prepare_cached(REVISION)
+        .and_then(|mut s| s.query_row([], |r| r.get(0)))
+        .map_err(not_committed)?;
+    let mut rows = Vec::new();
+    {
+        let mut read = tx.prepare_cached(ROW).map_err(not_committed)?;
+        for name in batch_names(&writes) {
+            let object = read.query_row([&name], |r| r.get::<_, Vec<u8>>(0)).optional();
+            if let Some(object) = object.map_err(not_committed)? {
+                rows.push((name, object));
+            }
+        }
+    }
+    let plan = plan_batch(&stored_rows(rows), writes, base);
+    if plan.revision == base {
+        // Nothing changed; the transaction rolls back.
+        return Ok(plan.results);
+    }
+    store(&tx, &plan)?;
+    match tx.execute_batch("COMMIT") {
+        Ok(()) => Ok(plan.results),
+        // Still open: the drop rolls it back, nothing is committed.
+        Err(e) if !tx.is_autocommit() => Err(not_committed(e)),
+        // SQLite ended the transaction itself: the commit may have been
+        // under way.
+        Err(e) => Err(StorageError::CommitUnknown(format!("SQLite: {e}"))),
+    }
+}
+
+/// Stores `plan`'s rows, events and revision; each statement must change
+/// exactly one row (the write lock makes anything else a bug, refused
+/// before the commit).
+fn store(conn: &Connection, plan: &BatchPlan) -> Result<(), StorageError> {
+    let one = |changed: rusqlite::Result<usize>, what: &str| match changed.map_err(not_committed)? {
+        1 => Ok(()),
+        n => Err(StorageError::NotCommitted(format!("{what} changed {n} rows, not 1"))),
+    };
+    let prepare = |sql| conn.prepare_cached(sql).map_err(not_committed);
+    let (mut put, mut remove) = (prepare(PUT)?, prepare(REMOVE)?);
+    for row in &plan.rows {
+        match plan.after(row) {
+            None => one(remove.execute([&row.name]), "a gateway's removal")?,
+            Some((gateway, bytes)) => {
+                let c = RowColumns::of(gateway);
+                let changed = put.execute(rusqlite::params![
+                    row.name,
+                    c.uid,
+                    c.generation,
+                    c.observed_generation,
+                    c.resource_version,
+                    c.deleting,
+                    bytes
+                ]);
+                one(changed, "a gateway's row")?;
+            }
+        }
+    }
+    let (mut event, created_at) = (prepare(EVENT)?, now_ms());
+    for row @ EventRow { event: e, prev, .. } in &plan.events {
+        let labels = e.prev_labels.as_ref().map(encode_labels);
+        let changed = event.execute(rusqlite::params![
+            e.revision,
+            e.kind as i32,
+            e.name(),
+            row.bytes(),
+            created_at,
+            labels,
+            prev
+        ]);
+        one(changed, "an event")?;
+    }
+    one(prepare(SET_REVISION)?.execute([plan.revision]), "the store revision")
+}
+
+#[cfg(test)]
+mod tests {
+    use gantry_api::v1::{GatewaySpec, ObjectMeta};
+
+    use super::*;
+    use crate::storage::sqlite::SqliteStorage;
+    use crate::storage::{Storage, Write};
+
+    fn put(name: &str, image: &str) -> PendingWrite {
+        let gateway = gantry_api::v1::Gateway {
+            metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
+            spec: Some(GatewaySpec { image: image.into(), ..Default::default() }),
+            status: None,
+        };
+        PendingWrite {
+            name: name.into(),
+            mutation: Box::new(move |_| Ok(Write::Put(gateway))),
+            dry_run: false,
+        }
+    }
+
+    async fn image(storage: &SqliteStorage, name: &str) -> Option<String> {
+        storage.get(name).await.unwrap().and_then(|g| Some(g.spec?.image))
+    }
+
+    async fn storage(label: &str) -> (SqliteStorage, std::path::PathBuf) {
+        let file = gantry_testkit::temp_dir(label).join("gantry.db");
+        let storage = SqliteStorage::open(&format!("sqlite://{}", file.display())).await.unwrap();
+        (storage, file)
+    }
+
+    #[tokio::test]
+    async fn a_batch_waits_for_the_write_lock_another_connection_holds() {
+        let (storage, file) = storage("writer-waits").await;
+        // Compaction, or another process, holding SQLite's write lock.
+        let other = Connection::open(&file).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let batch = tokio::spawn({
+            let storage = storage.clone();
+            async move { storage.write_batch(vec![put("a", "v1")]).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!batch.is_finished(), "the batch did not wait for the lock");
+        other.execute_batch("COMMIT").unwrap();
+        batch.await.unwrap().unwrap().remove(0).unwrap();
+        assert_eq!(image(&storage, "a").await.as_deref(), Some("v1"));
+    }
+
+    #[test]
+    fn a_file_not_in_wal_mode_is_refused() {
+        let file = gantry_testkit::temp_dir("writer-journal").join("gantry.db");
+        Connection::open(&file).unwrap().execute_batch("PRAGMA journal_mode = DELETE").unwrap();
+        let refused = BatchWriter::open(&file).err().expect("a rollback-journal file was accepted");
+        assert!(
+            matches!(refused, StorageError::NotDurable(ref m) if m.contains("WAL")),
+            "{refused}"
+        );
+    }
+}
