@@ -254,7 +254,7 @@ mod tests {
     fn a_file_not_in_wal_mode_is_refused() {
         let file = gantry_testkit::temp_dir("writer-journal").join("gantry.db");
         Connection::open(&file).unwrap().execute_batch("PRAGMA journal_mode = DELETE").unwrap();
-        let refused = BatchWriter::open(&file).err().expect("a rollback-journal file was accepted");
+        let refused = BatchWriter::open(&file).expect_err("a rollback-journal file was accepted");
         assert!(
             matches!(refused, StorageError::NotDurable(ref m) if m.contains("WAL")),
             "{refused}"
