@@ -250,6 +250,55 @@ mod tests {
         assert_eq!(image(&storage, "a").await.as_deref(), Some("v1"));
     }
 
+    #[tokio::test]
+    async fn objects_of_several_kb_and_a_remove_then_recreate_are_stored_as_planned() {
+        let (storage, _) = storage("writer-large").await;
+        let large = |name: &str, fill: char| {
+            let gateway = gantry_api::v1::Gateway {
+                metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
+                spec: Some(GatewaySpec {
+                    image: "gw:1".into(),
+                    config: [("blob".to_string(), fill.to_string().repeat(48 * 1024))].into(),
+                    ..Default::default()
+                }),
+                status: None,
+            };
+            PendingWrite {
+                name: name.into(),
+                mutation: Box::new(move |_| Ok(Write::Put(gateway))),
+                dry_run: false,
+            }
+        };
+        let remove = |name: &str| PendingWrite {
+            name: name.into(),
+            mutation: Box::new(|current| Ok(Write::Remove(current.cloned().unwrap()))),
+            dry_run: false,
+        };
+        let start = storage.current_revision().await.unwrap();
+        storage.write_batch(vec![large("a", 'a'), large("b", 'b')]).await.unwrap();
+        // One batch: b removed and made again, a changed, c new.
+        let results = storage
+            .write_batch(vec![remove("b"), large("b", 'B'), large("a", 'A'), large("c", 'c')])
+            .await
+            .unwrap();
+        let committed: Vec<Committed> = results.into_iter().map(Result::unwrap).collect();
+        for (name, fill) in [("a", 'A'), ("b", 'B'), ("c", 'c')] {
+            let stored = storage.get(name).await.unwrap().unwrap();
+            let blob = &stored.spec.as_ref().unwrap().config["blob"];
+            assert_eq!(blob.len(), 48 * 1024);
+            assert!(blob.chars().all(|c| c == fill), "{name} holds another object's bytes");
+        }
+        // Every event in order, each with the object the batch planned.
+        let events = storage.events_after(start, 100, usize::MAX).await.unwrap();
+        let revisions: Vec<i64> = events.iter().map(|e| e.revision).collect();
+        assert_eq!(revisions, ((start + 1)..=(start + 6)).collect::<Vec<_>>());
+        for (event, planned) in events[2..].iter().zip(&committed) {
+            let planned = planned.event.as_ref().unwrap();
+            assert_eq!((event.kind, &event.encoded), (planned.kind, &planned.encoded));
+        }
+        assert_eq!(storage.current_revision().await.unwrap(), start + 6);
+    }
+
     #[test]
     fn a_file_not_in_wal_mode_is_refused() {
         let file = gantry_testkit::temp_dir("writer-journal").join("gantry.db");
