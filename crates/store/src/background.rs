@@ -14,51 +14,29 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use tokio::sync::oneshot;
-
+use crate::lane::Lane;
 use crate::storage::Storage;
 
 /// The nice value of the background thread (0 is the default; 19 the
 /// lowest priority).
 pub const BACKGROUND_NICE: i32 = 10;
 
-/// A thread at [`BACKGROUND_NICE`] running a single-threaded runtime,
-/// stopped when dropped.
+/// The background thread's name.
+pub const THREAD: &str = "gantry-background";
+
+/// A [`Lane`] at [`BACKGROUND_NICE`], stopped when dropped.
 #[derive(Debug)]
 pub struct Background {
-    handle: tokio::runtime::Handle,
+    lane: Lane,
     storage: Arc<dyn Storage>,
-    _stop: oneshot::Sender<()>,
 }
 
 impl Background {
     /// Starts the thread; its work reads through `storage`'s background
     /// connections.
     pub fn start(storage: &Arc<dyn Storage>) -> std::io::Result<Background> {
-        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
-        let (stop, stopped) = oneshot::channel::<()>();
-        std::thread::Builder::new().name("gantry-background".into()).spawn(move || {
-            // On Linux the nice value is the calling thread's (not the
-            // process's). Lowering one's priority needs no privilege.
-            if let Err(error) = rustix::process::setpriority_process(None, BACKGROUND_NICE) {
-                tracing::warn!(%error, "cannot lower the background thread's priority; viewers' lists run at normal priority");
-            }
-            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-                Ok(runtime) => runtime,
-                Err(error) => {
-                    let _ = handle_tx.send(Err(error));
-                    return;
-                }
-            };
-            let _ = handle_tx.send(Ok(runtime.handle().clone()));
-            runtime.block_on(async {
-                let _ = stopped.await;
-            });
-        })?;
-        let handle = handle_rx
-            .recv()
-            .map_err(|_| std::io::Error::other("the background thread ended at start"))??;
-        Ok(Background { handle, storage: storage.for_background(), _stop: stop })
+        let lane = Lane::start(THREAD, Some(BACKGROUND_NICE))?;
+        Ok(Background { lane, storage: storage.for_background() })
     }
 
     /// Runs `work` on the background thread with its storage; its output,
@@ -69,7 +47,7 @@ impl Background {
         Fut: Future<Output = T> + Send + 'static,
         T: Send + 'static,
     {
-        self.handle.spawn(work(self.storage.clone())).await.ok()
+        self.lane.spawn(work(self.storage.clone())).await.ok()
     }
 }
 
@@ -121,7 +99,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(nice, i64::from(BACKGROUND_NICE));
-        assert_eq!(name.as_deref(), Some("gantry-background"));
+        assert_eq!(name.as_deref(), Some(THREAD));
         assert_eq!(read.unwrap(), 0);
         assert_eq!(nice_of_current_thread(), 0, "the caller's priority changed");
         // The read went through a SQLite thread of the background's

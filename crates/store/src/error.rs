@@ -30,6 +30,6 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("gRPC reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
-    #[error("cannot start the background thread: {0}")]
-    Background(std::io::Error),
+    #[error("cannot start the {thread} thread: {source}")]
+    Thread { thread: &'static str, source: std::io::Error },
 }

@@ -9,7 +9,10 @@
 //!                    tokens, errors → tonic::Status
 //! auth/              who is calling: tokens file, service-account JWTs
 //!                    (TokenReview), role bindings
-//! writer             group commit: many writes, one transaction
+//! writer             group commit: many writes, one transaction, on a
+//!                    thread of its own (lane)
+//! background, lane   threads of their own: the writer's, and the
+//!                    viewers' lists at a lower CPU priority
 //! watch/             hub (byte-bounded cache), stream (one per subscriber,
 //!                    ends with a WatchEnd), tailer, compactor
 //! storage/           the Storage trait; SQLite and PostgreSQL
@@ -31,6 +34,7 @@ pub mod config;
 mod error;
 pub mod grpc;
 pub mod http;
+pub mod lane;
 pub mod metrics;
 mod server;
 pub mod settings;

@@ -14,7 +14,7 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tower::Layer;
 
 use crate::auth;
-use crate::background::Background;
+use crate::background::{self, Background};
 use crate::error::ServeError;
 use crate::grpc::conn::{self, ActiveCallsLayer, Connections};
 use crate::grpc::fairness::Fairness;
@@ -22,12 +22,13 @@ use crate::grpc::observe::{Observe, ObserveLayer};
 use crate::grpc::watch_quota::WatchQuota;
 use crate::grpc::{errors, GatewayApi};
 use crate::http::StoreAdmin;
+use crate::lane::Lane;
 use crate::metrics::Metrics;
 use crate::settings::Settings;
 use crate::watch::hub::{HubLimits, WatchHub};
 use crate::watch::stream::WatchContext;
 use crate::watch::{compactor, tailer};
-use crate::writer::Writer;
+use crate::writer::{self, Writer};
 
 /// Largest request the gRPC API accepts.
 pub const MAX_REQUEST_BYTES: usize = 1024 * 1024;
@@ -59,11 +60,19 @@ impl Core {
             },
         ));
         let (writer, writer_task) = Writer::new(
-            settings.storage.clone(),
+            settings.storage.for_writer(),
             hub.clone(),
             metrics.write_batches_failed.clone(),
         );
-        shutdown.spawn(writer_task);
+        let lane = Lane::start(writer::THREAD, None)
+            .map_err(|source| ServeError::Thread { thread: writer::THREAD, source })?;
+        let writes = lane.spawn(writer_task);
+        // The lane lives until the writer has committed what was queued
+        // when the store began to stop.
+        shutdown.spawn(async move {
+            let _ = writes.await;
+            drop(lane);
+        });
         let storage = settings.storage.clone();
         shutdown.spawn(tailer::run(
             storage.clone(),
@@ -112,7 +121,10 @@ pub async fn serve(
             metrics.watch_page_bytes.clone(),
         ),
         Arc::new(Fairness::new(settings.limits.fairness, &metrics.fairness)),
-        Arc::new(Background::start(&settings.storage).map_err(ServeError::Background)?),
+        Arc::new(
+            Background::start(&settings.storage)
+                .map_err(|source| ServeError::Thread { thread: background::THREAD, source })?,
+        ),
     );
     let observe =
         ObserveLayer::new(settings.auth.clone(), metrics.clone(), settings.limits.request_timeout);

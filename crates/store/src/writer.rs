@@ -11,6 +11,9 @@ use tokio::sync::{mpsc, oneshot};
 use crate::storage::{Committed, Mutation, PendingWrite, Storage, StorageError};
 use crate::watch::hub::WatchHub;
 
+/// The name of the thread the writer runs on ([`crate::lane`]).
+pub const THREAD: &str = "gantry-writer";
+
 /// Most writes in one transaction.
 pub const MAX_BATCH: usize = 256;
 /// Writes waiting for the writer before callers wait to enqueue.

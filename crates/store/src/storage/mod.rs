@@ -185,6 +185,10 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     /// run at a lower CPU priority ([`crate::background`]).
     fn for_background(&self) -> Arc<dyn Storage>;
 
+    /// The same database, written through a connection of its own, for the
+    /// writer's thread ([`crate::writer::THREAD`]).
+    fn for_writer(&self) -> Arc<dyn Storage>;
+
     /// The secret that authenticates ListGateways page tokens, the same for
     /// every replica on this database.
     fn page_token_key(&self) -> &[u8];

@@ -91,6 +91,9 @@ pub struct PostgresStorage {
     /// a connection's socket belongs to the runtime that opened it, and the
     /// background runtime stops before the store's last writes.
     background: PgPool,
+    /// The writer thread's connection, made by it when first used: a batch
+    /// runs one statement after another, so one is enough.
+    writes: PgPool,
     page_token_key: Vec<u8>,
 }
 
@@ -113,8 +116,9 @@ impl PostgresStorage {
         let pool = options(16).connect(url).await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;
         let background = options(1).connect_lazy(url)?;
+        let writes = options(1).connect_lazy(url)?;
         let page_token_key = Queries::page_token_key(&pool).await?;
-        let storage = Self { pool, background, page_token_key };
+        let storage = Self { pool, background, writes, page_token_key };
         super::check_durability(&storage.durability().await?)?;
         Ok(storage)
     }
@@ -135,6 +139,10 @@ impl Storage for PostgresStorage {
 
     fn for_background(&self) -> Arc<dyn Storage> {
         Arc::new(Self { pool: self.background.clone(), ..self.clone() })
+    }
+
+    fn for_writer(&self) -> Arc<dyn Storage> {
+        Arc::new(Self { pool: self.writes.clone(), ..self.clone() })
     }
 
     async fn get(&self, name: &str) -> Result<Option<Gateway>, StorageError> {

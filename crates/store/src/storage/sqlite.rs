@@ -103,6 +103,12 @@ impl Storage for SqliteStorage {
         Arc::new(Self { readers: self.background.clone(), ..self.clone() })
     }
 
+    /// The writes already run on a thread of their own (the
+    /// [`BatchWriter`]'s), whatever thread sends them.
+    fn for_writer(&self) -> Arc<dyn Storage> {
+        Arc::new(self.clone())
+    }
+
     async fn list(&self, page: Page<'_>) -> Result<Snapshot, StorageError> {
         Queries::list(&self.readers, page).await
     }

@@ -66,12 +66,30 @@ impl TestStore {
         Self::serve_on(self.database.clone(), self.backend, watch).await
     }
 
+    /// A store whose storage is `wrap` of the one it would open.
+    pub async fn start_wrapped(
+        backend: Backend,
+        wrap: impl FnOnce(Arc<dyn Storage>) -> Arc<dyn Storage>,
+    ) -> Option<TestStore> {
+        let database = Arc::new(TestDatabase::create(backend).await?);
+        Some(Self::serve_wrapped(database, backend, test_watch_settings(), wrap).await)
+    }
+
     async fn serve_on(
         database: Arc<TestDatabase>,
         backend: Backend,
         watch: WatchSettings,
     ) -> TestStore {
-        let storage = gantry_store::open_storage(&database.url).await.unwrap();
+        Self::serve_wrapped(database, backend, watch, |storage| storage).await
+    }
+
+    async fn serve_wrapped(
+        database: Arc<TestDatabase>,
+        backend: Backend,
+        watch: WatchSettings,
+        wrap: impl FnOnce(Arc<dyn Storage>) -> Arc<dyn Storage>,
+    ) -> TestStore {
+        let storage = wrap(gantry_store::open_storage(&database.url).await.unwrap());
         let auth = Authenticator::parse_tokens_file(TOKENS_FILE).unwrap();
         let settings = Settings {
             storage: storage.clone(),
