@@ -1172,9 +1172,9 @@ mod writer_thread {
         }
         async fn listen_for_commits(
             &self,
-            wake: Arc<tokio::sync::Notify>,
+            committed: &(dyn Fn(Option<i64>) + Send + Sync),
         ) -> Result<(), StorageError> {
-            self.inner.listen_for_commits(wake).await
+            self.inner.listen_for_commits(committed).await
         }
         async fn durability(&self) -> Result<Vec<(String, String)>, StorageError> {
             self.inner.durability().await

@@ -216,10 +216,16 @@ pub trait Storage: Send + Sync + std::fmt::Debug + 'static {
     /// Drops old events per `retention`; returns the compacted revision.
     async fn compact(&self, retention: Retention) -> Result<i64, StorageError>;
 
-    /// Runs until an error, waking `wake` whenever another process may have
-    /// committed. Backends with a single writer process never wake it.
-    async fn listen_for_commits(&self, wake: Arc<tokio::sync::Notify>) -> Result<(), StorageError> {
-        let _ = wake;
+    /// Runs until an error, calling `committed` whenever another process
+    /// may have committed: with the revision committed when the backend
+    /// says it, `None` when it does not (once at start, for anything
+    /// committed before it listened). Backends with a single writer process
+    /// never call it.
+    async fn listen_for_commits(
+        &self,
+        committed: &(dyn Fn(Option<i64>) + Send + Sync),
+    ) -> Result<(), StorageError> {
+        let _ = committed;
         std::future::pending().await
     }
 

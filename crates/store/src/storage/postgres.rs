@@ -226,15 +226,19 @@ impl Storage for PostgresStorage {
         Queries::compact(&self.pool, retention).await
     }
 
-    async fn listen_for_commits(&self, wake: Arc<tokio::sync::Notify>) -> Result<(), StorageError> {
+    async fn listen_for_commits(
+        &self,
+        committed: &(dyn Fn(Option<i64>) + Send + Sync),
+    ) -> Result<(), StorageError> {
         let mut listener = PgListener::connect_with(&self.pool).await?;
         listener.listen(CHANNEL).await?;
         // Anything committed before LISTEN took effect is picked up by the
         // reader this wakes.
-        wake.notify_one();
+        committed(None);
         loop {
-            listener.recv().await?;
-            wake.notify_one();
+            // The payload is the revision the batch committed.
+            let notification = listener.recv().await?;
+            committed(notification.payload().parse().ok());
         }
     }
 

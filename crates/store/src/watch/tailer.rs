@@ -22,11 +22,16 @@ pub async fn run(
 ) {
     let wake = hub.wake_tailer.clone();
     let listener = {
-        let (storage, wake) = (storage.clone(), wake.clone());
+        let (storage, hub) = (storage.clone(), hub.clone());
         tokio::spawn(async move {
+            let committed = |revision| {
+                if needs_reading(revision, hub.head()) {
+                    hub.wake_tailer.notify_one();
+                }
+            };
             let mut attempt = 0;
             loop {
-                if let Err(e) = storage.listen_for_commits(wake.clone()).await {
+                if let Err(e) = storage.listen_for_commits(&committed).await {
                     let delay =
                         gantry_core::retry::Backoff::default().delay(attempt, fastrand::f64());
                     tracing::warn!(error = %e, retry_in = ?delay, "commit notifications lost; polling meanwhile");
@@ -57,6 +62,15 @@ pub async fn run(
         }
     }
     listener.abort();
+}
+
+/// Whether a commit of `revision` (`None`: unknown) must be read from the
+/// events table into a hub whose head is `head`. The writer publishes this
+/// process's own commits itself, so their notifications find them there
+/// already; the hub's head has no gaps, so a revision at or below it is
+/// held with everything before it.
+fn needs_reading(revision: Option<i64>, head: i64) -> bool {
+    revision.is_none_or(|revision| revision > head)
 }
 
 /// Publishes every event after the hub's head; `false` when the events
@@ -92,5 +106,21 @@ async fn catch_up(storage: &dyn Storage, hub: &WatchHub) -> bool {
                 return false;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::needs_reading;
+
+    #[test]
+    fn only_commits_the_hub_does_not_hold_are_read() {
+        // This process's own commit, already published by the writer.
+        assert!(!needs_reading(Some(7), 7));
+        assert!(!needs_reading(Some(6), 7));
+        // Another replica's commit, or one the writer has not published yet.
+        assert!(needs_reading(Some(8), 7));
+        // Unknown: read.
+        assert!(needs_reading(None, 7));
     }
 }
