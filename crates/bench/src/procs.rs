@@ -135,8 +135,11 @@ impl Store {
             "--log-level",
             "warn",
             // Capacity is measured here, not the connection limits (the
-            // watch runs open 10,000 connections, or 10,000 streams on one).
+            // watch runs open 10,000 connections, or 10,000 streams on one,
+            // all of one identity).
             "--max-streams-per-connection",
+            "20000",
+            "--max-watches-per-identity",
             "20000",
             "--max-calls-per-connection",
             "4096",
