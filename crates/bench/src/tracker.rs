@@ -75,7 +75,10 @@ impl Tracker {
                         | WatchUpdate::InitDone { .. }
                         | WatchUpdate::Interrupted { .. },
                     ) => {}
-                    Err(_) => return,
+                    Err(error) => {
+                        eprintln!("tracker: the watch of the store ended: {error}");
+                        return;
+                    }
                 }
             }
         });
