@@ -1206,6 +1206,20 @@ mod writer_thread {
         assert!(!seen.is_empty(), "no batch recorded");
         let writer = (Some(gantry_store::writer::THREAD.to_string()), "writer");
         assert!(seen.iter().all(|s| *s == writer), "{seen:?}");
+        if backend == Backend::Postgres {
+            // The batches committed on the writer's own connection, not on
+            // one of the pool the request handlers read through.
+            use sqlx::Connection as _;
+            let mut c = sqlx::PgConnection::connect(&store.database.url).await.unwrap();
+            let sql = "SELECT application_name, query FROM pg_stat_activity                 WHERE datname = current_database() AND pid <> pg_backend_pid()";
+            let backends: Vec<(String, String)> =
+                sqlx::query_as(sql).fetch_all(&mut c).await.unwrap();
+            let writer = gantry_store::storage::postgres::WRITER_APPLICATION;
+            let on_writer: Vec<&String> =
+                backends.iter().filter(|(name, _)| name == writer).map(|(_, q)| q).collect();
+            assert_eq!(on_writer.len(), 1, "one writer connection: {backends:?}");
+            assert!(on_writer[0].starts_with("COMMIT"), "{backends:?}");
+        }
         store.stop().await;
     }
 

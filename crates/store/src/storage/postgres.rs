@@ -19,11 +19,12 @@
 //! its transaction (delivered at commit); every replica LISTENs and then
 //! reads the events table, which stays the source of truth.
 
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use gantry_api::v1::Gateway;
-use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 
 use super::driver::{Dialect, Driver};
 use super::{
@@ -82,6 +83,11 @@ const WRITE_BATCH: &str = "WITH updated AS (UPDATE gateways AS g SET uid = u.uid
     SELECT (SELECT COUNT(*) FROM updated), (SELECT COUNT(*) FROM inserted), \
     (SELECT COUNT(*) FROM deleted), pg_notify($24, $23::text)::text";
 const CHANNEL: &str = "gantry_events";
+/// The `application_name` of the store's connections, of the background
+/// thread's ([`crate::background`]) and of the writer's.
+pub const APPLICATION: &str = "gantry-store";
+pub const BACKGROUND_APPLICATION: &str = "gantry-store background";
+pub const WRITER_APPLICATION: &str = "gantry-store writer";
 
 /// Gateways in a PostgreSQL database.
 #[derive(Debug, Clone)]
@@ -100,8 +106,11 @@ pub struct PostgresStorage {
 impl PostgresStorage {
     /// Connects to `url` (`postgres://...`) and applies the migrations.
     pub async fn open(url: &str) -> Result<Self, StorageError> {
-        let options = |connections| {
-            PgPoolOptions::new()
+        // Each pool names its connections, so an operator (and a test)
+        // can tell them apart in pg_stat_activity.
+        let options = |connections, name: &str| -> Result<_, StorageError> {
+            let connect = PgConnectOptions::from_str(url)?.application_name(name);
+            let pool = PgPoolOptions::new()
                 .max_connections(connections)
                 .acquire_timeout(Duration::from_secs(10))
                 // A database or role may default to synchronous_commit=off:
@@ -111,12 +120,16 @@ impl PostgresStorage {
                         sqlx::query("SET synchronous_commit = on").execute(conn).await?;
                         Ok(())
                     })
-                })
+                });
+            Ok((pool, connect))
         };
-        let pool = options(16).connect(url).await?;
+        let (pool, connect) = options(16, APPLICATION)?;
+        let pool = pool.connect_with(connect).await?;
         sqlx::migrate!("./migrations/postgres").run(&pool).await?;
-        let background = options(1).connect_lazy(url)?;
-        let writes = options(1).connect_lazy(url)?;
+        let (background, connect) = options(1, BACKGROUND_APPLICATION)?;
+        let background = background.connect_lazy_with(connect);
+        let (writes, connect) = options(1, WRITER_APPLICATION)?;
+        let writes = writes.connect_lazy_with(connect);
         let page_token_key = Queries::page_token_key(&pool).await?;
         let storage = Self { pool, background, writes, page_token_key };
         super::check_durability(&storage.durability().await?)?;
