@@ -5,7 +5,8 @@
 //! ends, while an editor and the reconciler keep working: none of their
 //! calls is refused or waits for a seat, and every write they were told
 //! succeeded is there. Their latency under the flood, against the same
-//! work unloaded (p99 from the store's own histograms), is printed, not
+//! work unloaded in the phases between the floods (p99 from the store's
+//! own histograms), is printed, not
 //! asserted: the machine may be loaded (docs/reliability.md records it;
 //! `gantry-bench fairness` measures it on a release build).
 
@@ -43,13 +44,46 @@ async fn work(store: &StoreProcess, prefix: &str, n: usize) -> load::Done {
     load::work(&store.endpoint(), (EDITOR, RECONCILER), prefix, n).await
 }
 
-/// The editor's and the reconciler's work for [`PHASE`] (quiet or flooded
-/// alike, so that both p99s rank as many calls).
-async fn work_for(store: &StoreProcess, prefix: &str) -> load::Done {
-    load::work_for(&store.endpoint(), (EDITOR, RECONCILER), prefix, PHASE).await
+/// The editor's and the reconciler's calls of one kind of phase (quiet
+/// or flooded), over every round: the store's histograms and the calls as
+/// their clients saw them.
+#[derive(Default)]
+struct Phases {
+    creates: load::Tally,
+    status_writes: load::Tally,
+    done: load::Done,
 }
 
-const PHASE: std::time::Duration = std::time::Duration::from_secs(4);
+impl Phases {
+    /// The editor's and the reconciler's work for [`PHASE`] (quiet or
+    /// flooded alike, so that both p99s rank as many calls), added to
+    /// these phases.
+    async fn measure(&mut self, store: &StoreProcess, prefix: &str) {
+        let (create, update) = ("CreateGateway", "UpdateGateway");
+        let (c0, u0) = (buckets(store, create), buckets(store, update));
+        let done = load::work_for(&store.endpoint(), (EDITOR, RECONCILER), prefix, PHASE).await;
+        let (c1, u1) = (buckets(store, create), buckets(store, update));
+        self.creates.add(&c0, &c1);
+        self.status_writes.add(&u0, &u1);
+        self.done.extend(done);
+    }
+
+    /// The p99 (seconds) of creates and of status writes: by the store's
+    /// histograms, and exact as the clients saw them.
+    fn p99s(&self) -> ((f64, f64), (f64, f64)) {
+        let exact = |l: &[std::time::Duration]| load::quantile(l, 0.99).as_secs_f64();
+        (
+            (self.creates.p99(), self.status_writes.p99()),
+            (exact(&self.done.creates), exact(&self.done.status_writes)),
+        )
+    }
+}
+
+/// Quiet and flooded phases alternate, [`ROUNDS`] of each per flood, so
+/// that a one-off stall of the machine or the database (a checkpoint, a
+/// vacuum, another process) and the tables' growth weigh on both alike.
+const PHASE: std::time::Duration = std::time::Duration::from_secs(2);
+const ROUNDS: usize = 3;
 
 /// One test at a time: the two backends' tests (and making the PostgreSQL
 /// test's database) would otherwise load each other's quiet and flooded
@@ -75,13 +109,6 @@ async fn a_flooding_viewer_is_refused_while_the_editor_and_the_reconciler_never_
     let _ = std::fs::remove_dir_all(dir);
 }
 
-/// The exact p99 (seconds) of creates and of status writes, as the
-/// clients saw them.
-fn exact_p99(done: &load::Done) -> (f64, f64) {
-    let p99 = |l: &[std::time::Duration]| load::quantile(l, 0.99).as_secs_f64();
-    (p99(&done.creates), p99(&done.status_writes))
-}
-
 async fn flood_beside_the_work(database: &str, dir: &std::path::Path) {
     let mut tokens = format!("{EDITOR},eddie,editor\n{RECONCILER},gateway-reconciler,reconciler\n");
     for i in 0..8 {
@@ -93,51 +120,50 @@ async fn flood_beside_the_work(database: &str, dir: &std::path::Path) {
     // Something to list: 100 gateways.
     let mut acked = work(&store, "base", 100).await.acked;
 
-    let (create, update) = ("CreateGateway", "UpdateGateway");
-    let (c0, u0) = (buckets(&store, create), buckets(&store, update));
-    let quiet_work = work_for(&store, "quiet").await;
-    let (c1, u1) = (buckets(&store, create), buckets(&store, update));
-    let quiet = (load::p99(&c0, &c1), load::p99(&u0, &u1));
-    let quiet_client = exact_p99(&quiet_work);
-    acked.extend(quiet_work.acked);
-
     for identities in [1, 8] {
         let waited_before =
             metric(&store, "gantry_store_fairness_wait_duration_seconds_count{level=\"editors\"} ");
         let rejected_before =
             metric(&store, "gantry_store_fairness_rejected_total{level=\"viewers\"} ");
-        let tokens: Vec<String> = (0..identities).map(viewer).collect();
-        let flood = Flood::start(&store.endpoint(), &tokens, 500).await;
-        let (c2, u2) = (buckets(&store, create), buckets(&store, update));
         let early_before =
             metric(&store, "gantry_store_fairness_early_retries_total{level=\"viewers\"} ");
-        // Work for several retry delays, so that the flood's callers come
-        // back (early) more than once.
-        let flooded_work = work_for(&store, &format!("flood{identities}")).await;
-        let (c3, u3) = (buckets(&store, create), buckets(&store, update));
-        let (served, refused) = flood.stop().await;
-        // Every seat given back once the answers are written.
-        let free = "every viewer seat given back";
-        gantry_testkit::eventually(std::time::Duration::from_secs(30), free, || async {
-            metric(&store, "gantry_store_fairness_in_flight{level=\"viewers\"} ") == 0.0
-        })
-        .await;
+        let tokens: Vec<String> = (0..identities).map(viewer).collect();
+        let (mut quiet, mut flooded) = (Phases::default(), Phases::default());
+        let (mut served, mut refused) = (0, 0);
+        for round in 0..ROUNDS {
+            quiet.measure(&store, &format!("quiet{identities}-{round}")).await;
+            let flood = Flood::start(&store.endpoint(), &tokens, 500).await;
+            // Each phase works for more than the retry delay, so that the
+            // flood's callers come back (early) more than once.
+            flooded.measure(&store, &format!("flood{identities}-{round}")).await;
+            let (s, r) = flood.stop().await;
+            (served, refused) = (served + s, refused + r);
+            // Every seat given back once the answers are written: the next
+            // quiet phase is quiet.
+            let free = "every viewer seat given back";
+            gantry_testkit::eventually(std::time::Duration::from_secs(30), free, || async {
+                metric(&store, "gantry_store_fairness_in_flight{level=\"viewers\"} ") == 0.0
+            })
+            .await;
+        }
         // The flood ignores the retry delay: its calls back early were
         // held until the delay ended, not answered at once.
         let early = metric(&store, "gantry_store_fairness_early_retries_total{level=\"viewers\"} ");
         assert!(early > early_before, "no call back before its retry delay was held");
-        let loaded = (load::p99(&c2, &c3), load::p99(&u2, &u3));
-        let loaded_client = exact_p99(&flooded_work);
-        let calls = flooded_work.creates.len();
-        acked.extend(flooded_work.acked);
+        let (quiet_p99, quiet_client) = quiet.p99s();
+        let (loaded, loaded_client) = flooded.p99s();
+        let calls = flooded.done.creates.len();
+        acked.extend(quiet.done.acked);
+        acked.extend(flooded.done.acked);
         let figures = format!(
-            "{}: flood of {identities} viewer identities on 64 connections: {served} lists served, {refused} refused, \
-             {} held to their retry delay; {calls} creates and status writes each; p99 quiet / flooded (ratio): \
+            "{}: flood of {identities} viewer identities on 64 connections, {ROUNDS} rounds of {PHASE:?} quiet then flooded: \
+             {served} lists served, {refused} refused, {} held to their retry delay; {calls} creates and status writes each \
+             flooded; p99 quiet / flooded (ratio): \
              store's histograms: create {:.4}s / {:.4}s ({:.2}x), status write {:.4}s / {:.4}s ({:.2}x); \
              clients: create {:.4}s / {:.4}s ({:.2}x), status write {:.4}s / {:.4}s ({:.2}x)",
             database.split(':').next().unwrap_or_default(),
             early - early_before,
-            quiet.0, loaded.0, loaded.0 / quiet.0, quiet.1, loaded.1, loaded.1 / quiet.1,
+            quiet_p99.0, loaded.0, loaded.0 / quiet_p99.0, quiet_p99.1, loaded.1, loaded.1 / quiet_p99.1,
             quiet_client.0, loaded_client.0, loaded_client.0 / quiet_client.0,
             quiet_client.1, loaded_client.1, loaded_client.1 / quiet_client.1,
         );

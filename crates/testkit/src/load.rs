@@ -140,6 +140,15 @@ pub struct Done {
     pub status_writes: Vec<std::time::Duration>,
 }
 
+impl Done {
+    /// Adds `other`'s names and latencies to these.
+    pub fn extend(&mut self, other: Done) {
+        self.acked.extend(other.acked);
+        self.creates.extend(other.creates);
+        self.status_writes.extend(other.status_writes);
+    }
+}
+
 /// The `q` quantile (0..=1) of `latencies` (exact, by rank).
 pub fn quantile(latencies: &[std::time::Duration], q: f64) -> std::time::Duration {
     let mut sorted = latencies.to_vec();
@@ -209,10 +218,7 @@ pub async fn work_for(
     let mut all = Done::default();
     let mut round = 0;
     while round < 2 || started.elapsed() < duration {
-        let done = work(endpoint, tokens, &format!("{prefix}-{round}"), 25).await;
-        all.acked.extend(done.acked);
-        all.creates.extend(done.creates);
-        all.status_writes.extend(done.status_writes);
+        all.extend(work(endpoint, tokens, &format!("{prefix}-{round}"), 25).await);
         round += 1;
     }
     all
@@ -259,6 +265,33 @@ pub fn p99(before: &[(f64, f64)], after: &[(f64, f64)]) -> f64 {
     lower + (upper - lower) * (rank - below) / (count - below)
 }
 
+/// One histogram's calls summed over several intervals, each between two
+/// readings of [`buckets`]: phases interleaved with others (quiet and
+/// flooded in turn) measured as one.
+#[derive(Debug, Default, Clone)]
+pub struct Tally {
+    /// Cumulative counts by upper bound, as [`buckets`] reads them.
+    counts: Vec<(f64, f64)>,
+}
+
+impl Tally {
+    /// Adds the calls between `before` and `after`.
+    pub fn add(&mut self, before: &[(f64, f64)], after: &[(f64, f64)]) {
+        for (le, n) in after {
+            let delta = n - before.iter().find(|(b, _)| b == le).map_or(0.0, |(_, m)| *m);
+            match self.counts.iter_mut().find(|(b, _)| b == le) {
+                Some((_, sum)) => *sum += delta,
+                None => self.counts.push((*le, delta)),
+            }
+        }
+    }
+
+    /// The p99 (seconds) of every call added, as [`p99`] answers it.
+    pub fn p99(&self) -> f64 {
+        p99(&[], &self.counts)
+    }
+}
+
 /// A metric's value in `/metrics` text, by the start of its line (0 when
 /// absent).
 pub fn metric(metrics: &str, line_start: &str) -> f64 {
@@ -287,5 +320,24 @@ mod tests {
         assert_eq!(p99(&before, &slow), 0.004);
         // No calls: no p99.
         assert!(p99(&before, &before).is_infinite());
+    }
+
+    #[test]
+    fn a_tally_of_intervals_ranks_their_calls_together() {
+        use super::Tally;
+        let zero = [(0.001, 0.0), (0.002, 0.0), (0.004, 0.0), (f64::INFINITY, 0.0)];
+        // 100 calls up to 1 ms, then (after another interval not added)
+        // 100 calls: 80 up to 1 ms, 20 in (2, 4] ms.
+        let first = [(0.001, 100.0), (0.002, 100.0), (0.004, 100.0), (f64::INFINITY, 100.0)];
+        let skipped = [(0.001, 500.0), (0.002, 900.0), (0.004, 900.0), (f64::INFINITY, 900.0)];
+        let second = [(0.001, 580.0), (0.002, 980.0), (0.004, 1000.0), (f64::INFINITY, 1000.0)];
+        let mut tally = Tally::default();
+        assert!(tally.p99().is_infinite());
+        tally.add(&zero, &first);
+        assert!((tally.p99() - 0.00099).abs() < 1e-9, "{}", tally.p99());
+        tally.add(&skipped, &second);
+        // 200 calls: 180 up to 1 ms, 20 in (2, 4] ms; rank 198 is the 18th
+        // of those 20, the skipped interval's 400 in (1, 2] ms not counted.
+        assert!((tally.p99() - 0.0038).abs() < 1e-9, "{}", tally.p99());
     }
 }
