@@ -17,7 +17,13 @@ fn create_write(name: &str) -> PendingWrite {
     PendingWrite {
         name: name.into(),
         mutation: Box::new(move |existing| {
-            lifecycle::create(existing, request, Role::Editor, "uid".into(), Timestamp::default())
+            lifecycle::create(
+                existing,
+                request.clone(),
+                Role::Editor,
+                "uid".into(),
+                Timestamp::default(),
+            )
         }),
         dry_run: false,
     }
@@ -37,7 +43,7 @@ fn unchanged(name: &str) -> PendingWrite {
         name: name.into(),
         mutation: Box::new(move |current| match current {
             Some(g) => Ok(Write::Unchanged(g.clone())),
-            None => Err(RuleError::NotFound(name_owned)),
+            None => Err(RuleError::NotFound(name_owned.clone())),
         }),
         dry_run: false,
     }
@@ -245,19 +251,7 @@ async fn postgres_a_row_inserted_behind_the_stores_back_fails_the_batch_cleanly(
     });
     // Wait until the batch's insert of "shared" blocks on the racing
     // insert, then commit the racing insert.
-    let watcher = sqlx::PgConnection::connect(&store.database.url).await.unwrap();
-    let watcher = tokio::sync::Mutex::new(watcher);
-    let within = std::time::Duration::from_secs(30);
-    eventually(within, "the batch reached the racing row", || async {
-        let (waiting,): (i64,) = sqlx::query_as(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(&mut *watcher.lock().await)
-        .await
-        .unwrap();
-        waiting > 0
-    })
-    .await;
+    waiting_on_locks(&store.database.url, 1, "the batch reached the racing row").await;
     racing.commit().await.unwrap();
     let revision = store.storage.current_revision().await.unwrap();
     let failed = batch.await.unwrap().unwrap_err();
@@ -271,6 +265,87 @@ async fn postgres_a_row_inserted_behind_the_stores_back_fails_the_batch_cleanly(
     assert_eq!(store.storage.current_revision().await.unwrap(), revision, "a revision was spent");
     let shared = store.storage.get("shared").await.unwrap().unwrap();
     assert!(shared.metadata.is_none(), "the racing row stands");
+    store.stop().await;
+}
+
+/// Waits until `n` statements of the test's database wait for a lock.
+async fn waiting_on_locks(url: &str, n: i64, what: &str) {
+    use sqlx::Connection;
+    let watcher = tokio::sync::Mutex::new(sqlx::PgConnection::connect(url).await.unwrap());
+    eventually(std::time::Duration::from_secs(30), what, || async {
+        let (waiting,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&mut *watcher.lock().await)
+        .await
+        .unwrap();
+        waiting >= n
+    })
+    .await;
+}
+
+/// A write adding the label `key` to the stored `name`, counting how many
+/// times its rule ran.
+fn add_label(
+    name: &str,
+    key: &str,
+    runs: &std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> PendingWrite {
+    let (target, key, runs) = (name.to_string(), key.to_string(), runs.clone());
+    PendingWrite {
+        name: name.into(),
+        mutation: Box::new(move |current| {
+            runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut g = current.cloned().ok_or_else(|| RuleError::NotFound(target.clone()))?;
+            g.metadata.get_or_insert_with(Default::default).labels.insert(key.clone(), "1".into());
+            Ok(Write::Put(g))
+        }),
+        dry_run: false,
+    }
+}
+
+/// Two store replicas' batches read the same revision and row, then race
+/// to write: the one that loses the compare-and-set on the revision
+/// writes nothing, runs again behind the winner under the revision lock
+/// (its rule run anew on the row as the winner left it) and takes the next
+/// revision. Both succeed and no change is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_batch_that_loses_the_race_to_another_replica_runs_again_behind_it() {
+    use sqlx::Connection;
+    let Some(store) = TestStore::start(Backend::Postgres).await else { return };
+    let url = store.database.url.clone();
+    let (replica_a, replica_b) =
+        (store.storage.clone(), gantry_store::open_storage(&url).await.unwrap());
+    replica_a.write_batch(vec![create_write("shared")]).await.unwrap().pop().unwrap().unwrap();
+    let revision = replica_a.current_revision().await.unwrap();
+    // A writer holding the revision row (a third replica's batch, or
+    // compaction) while both replicas read and plan.
+    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
+    let mut holding = other.begin().await.unwrap();
+    sqlx::query("UPDATE store_revision SET revision = revision WHERE id = 1")
+        .execute(&mut *holding)
+        .await
+        .unwrap();
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut batches = Vec::new();
+    for (replica, key) in [(replica_a, "a"), (replica_b, "b")] {
+        let write = add_label("shared", key, &runs);
+        batches.push(tokio::spawn(async move { replica.write_batch(vec![write]).await }));
+    }
+    waiting_on_locks(&url, 2, "both replicas' writes wait for the revision row").await;
+    holding.commit().await.unwrap();
+    let mut revisions = Vec::new();
+    for batch in batches {
+        let committed = batch.await.unwrap().unwrap().pop().unwrap().unwrap();
+        revisions.push(committed.event.unwrap().revision);
+    }
+    revisions.sort();
+    assert_eq!(revisions, [revision + 1, revision + 2]);
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 3, "the loser's rule ran again");
+    let stored = store.storage.get("shared").await.unwrap().unwrap();
+    let labels = stored.metadata.unwrap().labels;
+    assert_eq!((labels.get("a"), labels.get("b")), (Some(&"1".into()), Some(&"1".into())));
+    assert_eq!(store.event_revisions().await.last(), Some(&(revision + 2)));
     store.stop().await;
 }
 

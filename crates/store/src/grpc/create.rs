@@ -25,7 +25,7 @@ pub(super) async fn create(
         .mutate(
             &name,
             Box::new(move |existing| {
-                lifecycle::create(existing, gateway, role, uid, now)
+                lifecycle::create(existing, gateway.clone(), role, uid.clone(), now)
                     .map(|w| lifecycle::record_trace(w, 0, trace.as_deref()))
             }),
             dry_run,

@@ -21,7 +21,7 @@ pub(super) async fn delete(
         .mutate(
             &request.name,
             Box::new(move |current| match current {
-                None => Err(RuleError::NotFound(target)),
+                None => Err(RuleError::NotFound(target.clone())),
                 Some(current) => lifecycle::delete(current, rv, role, now),
             }),
             request.validate_only,

@@ -25,7 +25,7 @@ pub(super) async fn update(
         .mutate(
             &name,
             Box::new(move |current| match current {
-                None => Err(RuleError::NotFound(target)),
+                None => Err(RuleError::NotFound(target.clone())),
                 Some(current) => {
                     let generation = current.metadata.as_ref().map_or(0, |m| m.generation);
                     lifecycle::update(current, &gateway, &paths, role, now)

@@ -23,9 +23,10 @@ pub mod postgres;
 pub mod sqlite;
 mod sqlite_writer;
 
-/// A write rule run under the row lock: given the stored object, decide
-/// what to store.
-pub type Mutation = Box<dyn FnOnce(Option<&Gateway>) -> Result<Write, RuleError> + Send>;
+/// A write rule: given the stored object, decide what to store. A backend
+/// may run it more than once (again after reading the row anew when
+/// another writer committed first); only the last run's outcome counts.
+pub type Mutation = Box<dyn Fn(Option<&Gateway>) -> Result<Write, RuleError> + Send + Sync>;
 
 /// One write waiting for its batch.
 pub struct PendingWrite {
@@ -373,7 +374,7 @@ impl BatchPlan {
 /// Pure: the backends read before and store after.
 pub(crate) fn plan_batch(
     stored: &HashMap<String, StoredRow>,
-    writes: Vec<PendingWrite>,
+    writes: &[PendingWrite],
     base: i64,
 ) -> BatchPlan {
     // Names changed so far, with the index of their last event.
@@ -382,15 +383,16 @@ pub(crate) fn plan_batch(
     let mut events: Vec<EventRow> = Vec::new();
     let mut revision = base;
     for PendingWrite { name, mutation, dry_run } in writes {
-        let state = match last_change.get(&name) {
+        let state = match last_change.get(name) {
             Some(&i) => {
                 let row = &events[i];
                 (row.event.kind != EventType::Deleted).then_some(&row.gateway)
             }
-            None => match stored.get(&name) {
+            None => match stored.get(name) {
                 Some(Ok(g)) => Some(g),
                 Some(Err(reason)) => {
-                    results.push(Err(StorageError::Corrupt { name, reason: reason.clone() }));
+                    let (name, reason) = (name.clone(), reason.clone());
+                    results.push(Err(StorageError::Corrupt { name, reason }));
                     continue;
                 }
                 None => None,
@@ -407,7 +409,7 @@ pub(crate) fn plan_batch(
                 results.push(Ok(Committed { gateway, event: None }));
                 continue;
             }
-            Ok(Write::Put(mut gateway) | Write::Remove(mut gateway)) if dry_run => {
+            Ok(Write::Put(mut gateway) | Write::Remove(mut gateway)) if *dry_run => {
                 let current =
                     state.and_then(|g| g.metadata.as_ref()).map_or(0, |m| m.resource_version);
                 gateway.metadata.get_or_insert_with(Default::default).resource_version = current;
@@ -422,7 +424,7 @@ pub(crate) fn plan_batch(
         gateway.metadata.get_or_insert_with(Default::default).resource_version = revision;
         let encoded = Bytes::from(gateway.encode_to_vec());
         let event = Arc::new(Event::new(revision, kind, &gateway, prev_labels, encoded));
-        last_change.insert(name, events.len());
+        last_change.insert(name.clone(), events.len());
         events.push(EventRow { event: event.clone(), gateway: gateway.clone(), prev });
         results.push(Ok(Committed { gateway, event: Some(event) }));
     }
@@ -474,14 +476,15 @@ pub fn check_durability(settings: &[(String, String)]) -> Result<(), StorageErro
     Ok(())
 }
 
-/// The error when a row changed between the batch's read and its write:
-/// store replicas cannot cause it (they all take the revision lock first),
-/// only a writer that bypasses gateway-store.
-pub(crate) fn changed_behind_our_back(name: &str) -> StorageError {
-    StorageError::NotCommitted(format!(
-        "gateway {name:?} was changed meanwhile by a writer outside gateway-store; \
+/// Why a batch did not commit when a row changed between its read and its
+/// write: store replicas cannot cause it (a batch writes only if the
+/// revision is still the one it read), only a writer that bypasses
+/// gateway-store.
+pub(crate) fn changed_behind_our_back(names: &str) -> String {
+    format!(
+        "gateway(s) {names} changed meanwhile by a writer outside gateway-store; \
          nothing was written, retry"
-    ))
+    )
 }
 
 /// Milliseconds since the Unix epoch, for event rows.
@@ -572,7 +575,7 @@ mod tests {
         let g = named(name, image);
         PendingWrite {
             name: name.into(),
-            mutation: Box::new(move |_| Ok(Write::Put(g))),
+            mutation: Box::new(move |_| Ok(Write::Put(g.clone()))),
             dry_run: false,
         }
     }
@@ -600,7 +603,7 @@ mod tests {
         let stored = HashMap::from([("old".to_string(), Ok(named("old", "v1")))]);
         let writes =
             vec![put("new", "a"), put("new", "b"), remove("old"), put("old", "v2"), remove("gone")];
-        let plan = plan_batch(&stored, writes, 10);
+        let plan = plan_batch(&stored, &writes, 10);
         assert_eq!(
             kinds(&plan),
             [
@@ -674,7 +677,7 @@ mod tests {
 
     #[test]
     fn a_gateway_created_and_removed_in_one_batch_touches_no_row() {
-        let plan = plan_batch(&HashMap::new(), vec![put("x", "a"), remove("x")], 1);
+        let plan = plan_batch(&HashMap::new(), &[put("x", "a"), remove("x")], 1);
         assert_eq!(plan.events.len(), 2);
         assert!(plan.rows.is_empty());
     }
@@ -682,7 +685,7 @@ mod tests {
     #[test]
     fn a_row_that_does_not_decode_fails_only_the_writes_to_it() {
         let stored = HashMap::from([("bad".to_string(), Err("truncated".to_string()))]);
-        let plan = plan_batch(&stored, vec![put("bad", "a"), put("good", "a")], 1);
+        let plan = plan_batch(&stored, &[put("bad", "a"), put("good", "a")], 1);
         assert!(
             matches!(plan.results[0], Err(StorageError::Corrupt { ref name, .. }) if name == "bad")
         );

@@ -1,19 +1,24 @@
 //! PostgreSQL backend.
 //!
-//! Revisions in commit order: a batch first locks the single
-//! `store_revision` row (`UPDATE ... RETURNING`) and holds it until
-//! commit. A second writer, in this process or another replica, blocks on
-//! it until the first commits, so revision N+1 is never committed before N,
-//! and a reader that sees N sees everything before it. (A sequence would
-//! not give this: sequence values are handed out at call time and
-//! transactions may commit in another order.) As every writer takes that
-//! lock first, the batch reads its rows without row locks and cannot
-//! deadlock.
+//! Revisions in commit order: every batch moves the single
+//! `store_revision` row from the revision it read to its own last one,
+//! and holds that row's lock until it commits. A second writer, in this
+//! process or another replica, blocks on it until the first commits, so
+//! revision N+1 is never committed before N, and a reader that sees N sees
+//! everything before it. (A sequence would not give this: sequence values
+//! are handed out at call time and transactions may commit in another
+//! order.)
 //!
-//! A batch costs four round trips whatever its size: BEGIN with the lock,
-//! one read of all its rows (`= ANY`), one statement that updates, inserts
-//! and deletes the changed rows, inserts the events (`UNNEST` of arrays),
-//! sets the revision and notifies, and COMMIT.
+//! A batch costs two round trips: one statement reads the revision and
+//! the batch's rows (`= ANY`); the rules run; one statement, committing on
+//! its own, moves the revision only if it is still the one read (a
+//! compare-and-set under the row lock) and, only then, updates, inserts
+//! and deletes the changed rows, inserts the events (`UNNEST` of arrays)
+//! and notifies. When another replica committed in between, nothing is
+//! written and the batch runs again, this time in a transaction that
+//! takes the revision lock before it reads (four round trips), so that it
+//! cannot lose twice. A row changed by a writer outside gateway-store
+//! (counts not as planned) aborts the statement, and with it the batch.
 //!
 //! Several store replicas: each commit sends `NOTIFY gantry_events` inside
 //! its transaction (delivered at commit); every replica LISTENs and then
@@ -25,6 +30,7 @@ use std::time::Duration;
 
 use gantry_api::v1::Gateway;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::Connection as _;
 
 use super::driver::{Dialect, Driver};
 use super::{
@@ -47,41 +53,52 @@ impl Dialect for PostgresDialect {
 
 type Queries = Driver<PostgresDialect>;
 
-/// Begins the batch's transaction and takes the revision lock, in one
-/// round trip (a simple query of two statements). Every writer takes the
-/// lock first, so writers serialize on it and rows need no locks of their
-/// own.
+/// Begins a transaction and takes the revision lock, in one round trip (a
+/// simple query of two statements): a batch that lost the race to another
+/// replica runs again behind it.
 const BEGIN_AND_LOCK: &str = "BEGIN; UPDATE store_revision SET revision = revision WHERE id = 1";
-/// The locked revision and the rows a batch names (one row with NULL name
-/// and object when none exists). A statement after the lock, so that its
-/// snapshot holds every commit made before the lock was granted.
+/// The revision and the rows a batch names (one row with NULL name and
+/// object when none exists), in one snapshot. Under the lock, a statement
+/// after it, so that its snapshot holds every commit made before the lock
+/// was granted.
 const READ_BATCH: &str = "SELECT r.revision, g.name, g.object FROM store_revision AS r \
     LEFT JOIN gateways AS g ON g.name = ANY($1) WHERE r.id = 1";
-/// Everything a batch stores, in one statement: rows updated ($1..$7; the
+/// Everything a batch stores, in one statement, if the revision is still
+/// the one the batch read ($25; the compare-and-set waits for a writer
+/// holding the row and then sees its commit): rows updated ($1..$7; the
 /// `ANY` condition lets the planner find them by the primary key rather
 /// than hash-joining a scan), inserted ($8..$14), deleted ($15), the
 /// events ($16..$22), the new revision ($23) and the notification to the
-/// other replicas ($24, delivered at commit). Answers how many rows were
-/// updated, inserted and deleted (a data-modifying CTE runs whether or not
-/// the query reads it).
-const WRITE_BATCH: &str = "WITH updated AS (UPDATE gateways AS g SET uid = u.uid, \
+/// other replicas ($24, delivered at commit). Answers false when another
+/// writer moved the revision (nothing done), true when all is stored; rows
+/// not as planned (other than $26 updated, $27 inserted, $28 deleted)
+/// raise $29 and roll it all back.
+const WRITE_BATCH: &str = "WITH revision AS (UPDATE store_revision SET revision = $23 \
+    WHERE id = 1 AND revision = $25 RETURNING 1), \
+    updated AS (UPDATE gateways AS g SET uid = u.uid, \
     generation = u.generation, observed_generation = u.observed_generation, \
     resource_version = u.resource_version, deleting = u.deleting, object = u.object \
     FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::bool[], $7::bytea[]) \
     AS u(name, uid, generation, observed_generation, resource_version, deleting, object) \
-    WHERE g.name = u.name AND g.name = ANY($1) RETURNING 1), \
+    WHERE g.name = u.name AND g.name = ANY($1) AND EXISTS (SELECT 1 FROM revision) RETURNING 1), \
     inserted AS (INSERT INTO gateways \
     (name, uid, generation, observed_generation, resource_version, deleting, object) \
     SELECT * FROM UNNEST($8::text[], $9::text[], $10::int8[], $11::int8[], $12::int8[], \
-    $13::bool[], $14::bytea[]) ON CONFLICT (name) DO NOTHING RETURNING 1), \
-    deleted AS (DELETE FROM gateways WHERE name = ANY($15) RETURNING 1), \
+    $13::bool[], $14::bytea[]) WHERE EXISTS (SELECT 1 FROM revision) \
+    ON CONFLICT (name) DO NOTHING RETURNING 1), \
+    deleted AS (DELETE FROM gateways WHERE name = ANY($15) AND EXISTS (SELECT 1 FROM revision) \
+    RETURNING 1), \
     events AS (INSERT INTO gateway_events \
     (revision, event_type, name, object, created_at_ms, prev_labels, prev_object) \
     SELECT * FROM UNNEST($16::int8[], $17::int4[], $18::text[], $19::bytea[], $20::int8[], \
-    $21::bytea[], $22::bytea[])), \
-    revision AS (UPDATE store_revision SET revision = $23 WHERE id = 1) \
-    SELECT (SELECT COUNT(*) FROM updated), (SELECT COUNT(*) FROM inserted), \
-    (SELECT COUNT(*) FROM deleted), pg_notify($24, $23::text)::text";
+    $21::bytea[], $22::bytea[]) WHERE EXISTS (SELECT 1 FROM revision)), \
+    notified AS (SELECT pg_notify($24, $23::text) FROM revision) \
+    SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM revision) THEN false \
+    WHEN (SELECT COUNT(*) FROM updated) <> $26 OR (SELECT COUNT(*) FROM inserted) <> $27 \
+    OR (SELECT COUNT(*) FROM deleted) <> $28 THEN gantry_abort_batch($29) \
+    ELSE (SELECT COUNT(*) FROM notified) = 1 END";
+/// The SQLSTATE `gantry_abort_batch` raises (migration 0004).
+const ABORTED_BATCH: &str = "GA001";
 const CHANNEL: &str = "gantry_events";
 /// The `application_name` of the store's connections, of the background
 /// thread's ([`crate::background`]) and of the writer's.
@@ -170,56 +187,23 @@ impl Storage for PostgresStorage {
         &self,
         writes: Vec<PendingWrite>,
     ) -> Result<Vec<Result<Committed, StorageError>>, StorageError> {
-        let mut tx = self.pool.begin_with(BEGIN_AND_LOCK).await?;
-        let read: Vec<(i64, Option<String>, Option<Vec<u8>>)> =
-            sqlx::query_as(READ_BATCH).bind(batch_names(&writes)).fetch_all(&mut *tx).await?;
-        let base = read.first().map_or(0, |(revision, _, _)| *revision);
-        let rows = read.into_iter().filter_map(|(_, name, object)| Some((name?, object?)));
-        let plan = plan_batch(&stored_rows(rows.collect()), writes, base);
-        if plan.revision == base {
-            // Nothing changed: the dropped transaction rolls back.
-            return Ok(plan.results);
+        let names = batch_names(&writes);
+        let mut conn = self.pool.acquire().await?;
+        let read = sqlx::query_as(READ_BATCH).bind(&names).fetch_all(&mut *conn).await?;
+        if let Some(results) = write_planned(&mut conn, read, &writes, &names, true).await? {
+            return Ok(results);
         }
-        let (mut updates, mut inserts) = (ColumnArrays::default(), ColumnArrays::default());
-        let mut deletes = Vec::new();
-        for row in &plan.rows {
-            match (plan.after(row), row.existed) {
-                (None, _) => deletes.push(row.name.as_str()),
-                (Some(after), true) => updates.push(&row.name, after),
-                (Some(after), false) => inserts.push(&row.name, after),
-            }
-        }
-        let events = &plan.events;
-        let query = inserts.bind(updates.bind(sqlx::query_as(WRITE_BATCH)));
-        let (updated, inserted, deleted, _): (i64, i64, i64, String) = query
-            .bind(&deletes)
-            .bind(events.iter().map(|e| e.event.revision).collect::<Vec<_>>())
-            .bind(events.iter().map(|e| e.event.kind as i32).collect::<Vec<_>>())
-            .bind(events.iter().map(|e| e.event.name()).collect::<Vec<_>>())
-            .bind(events.iter().map(super::EventRow::bytes).collect::<Vec<_>>())
-            .bind(vec![now_ms(); events.len()])
-            .bind(
-                events
-                    .iter()
-                    .map(|e| e.event.prev_labels.as_ref().map(encode_labels))
-                    .collect::<Vec<_>>(),
-            )
-            .bind(events.iter().map(|e| e.prev.as_deref()).collect::<Vec<_>>())
-            .bind(plan.revision)
-            .bind(CHANNEL)
-            .fetch_one(&mut *tx)
-            .await?;
-        for (done, columns) in [(updated, &updates.names), (inserted, &inserts.names)] {
-            if done != columns.len() as i64 {
-                return Err(changed_behind_our_back(&columns.join(", ")));
-            }
-        }
-        if deleted != deletes.len() as i64 {
-            return Err(changed_behind_our_back(&deletes.join(", ")));
-        }
+        // Another replica committed between the read and the write: again,
+        // behind it, holding the revision lock from before the read.
+        let mut tx = conn.begin_with(BEGIN_AND_LOCK).await?;
+        let read = sqlx::query_as(READ_BATCH).bind(&names).fetch_all(&mut *tx).await?;
+        let results =
+            write_planned(&mut tx, read, &writes, &names, false).await?.ok_or_else(|| {
+                StorageError::NotCommitted("the revision moved under the batch's lock".into())
+            })?;
         // Sent: from here a failure leaves the outcome unknown.
         tx.commit().await.map_err(|e| StorageError::CommitUnknown(e.to_string()))?;
-        Ok(plan.results)
+        Ok(results)
     }
 
     async fn events_after(
@@ -265,6 +249,78 @@ impl Storage for PostgresStorage {
 
     fn backend(&self) -> &'static str {
         "postgres"
+    }
+}
+
+/// What [`READ_BATCH`] answers: the revision, and each row's name and
+/// object.
+type ReadRows = Vec<(i64, Option<String>, Option<Vec<u8>>)>;
+
+/// Runs the rules of `writes` over the rows read and stores the outcome
+/// with [`WRITE_BATCH`]: their results, or `None` when another writer
+/// moved the revision since the read (nothing written). `alone`: the
+/// statement commits on its own, so a failure on the way leaves its
+/// outcome unknown; otherwise the caller's transaction commits it.
+async fn write_planned(
+    conn: &mut sqlx::PgConnection,
+    read: ReadRows,
+    writes: &[PendingWrite],
+    names: &[String],
+    alone: bool,
+) -> Result<Option<Vec<Result<Committed, StorageError>>>, StorageError> {
+    let base = read.first().map_or(0, |(revision, _, _)| *revision);
+    let rows = read.into_iter().filter_map(|(_, name, object)| Some((name?, object?)));
+    let plan = plan_batch(&stored_rows(rows.collect()), writes, base);
+    if plan.revision == base {
+        // Nothing to change: the answers stand as of the read.
+        return Ok(Some(plan.results));
+    }
+    let (mut updates, mut inserts) = (ColumnArrays::default(), ColumnArrays::default());
+    let mut deletes = Vec::new();
+    for row in &plan.rows {
+        match (plan.after(row), row.existed) {
+            (None, _) => deletes.push(row.name.as_str()),
+            (Some(after), true) => updates.push(&row.name, after),
+            (Some(after), false) => inserts.push(&row.name, after),
+        }
+    }
+    let events = &plan.events;
+    let count = |n: usize| n as i64;
+    let query = inserts.bind(updates.bind(sqlx::query_as(WRITE_BATCH)));
+    let written: Result<(bool,), sqlx::Error> = query
+        .bind(&deletes)
+        .bind(events.iter().map(|e| e.event.revision).collect::<Vec<_>>())
+        .bind(events.iter().map(|e| e.event.kind as i32).collect::<Vec<_>>())
+        .bind(events.iter().map(|e| e.event.name()).collect::<Vec<_>>())
+        .bind(events.iter().map(super::EventRow::bytes).collect::<Vec<_>>())
+        .bind(vec![now_ms(); events.len()])
+        .bind(
+            events
+                .iter()
+                .map(|e| e.event.prev_labels.as_ref().map(encode_labels))
+                .collect::<Vec<_>>(),
+        )
+        .bind(events.iter().map(|e| e.prev.as_deref()).collect::<Vec<_>>())
+        .bind(plan.revision)
+        .bind(CHANNEL)
+        .bind(base)
+        .bind(count(updates.names.len()))
+        .bind(count(inserts.names.len()))
+        .bind(count(deletes.len()))
+        .bind(changed_behind_our_back(&names.join(", ")))
+        .fetch_one(&mut *conn)
+        .await;
+    match written {
+        Ok((true,)) => Ok(Some(plan.results)),
+        Ok((false,)) => Ok(None),
+        // The database answered with an error: the statement (and, when
+        // alone, its transaction) rolled back.
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(ABORTED_BATCH) => {
+            Err(StorageError::NotCommitted(e.message().to_string()))
+        }
+        Err(e @ sqlx::Error::Database(_)) => Err(e.into()),
+        Err(e) if alone => Err(StorageError::CommitUnknown(e.to_string())),
+        Err(e) => Err(e.into()),
     }
 }
 

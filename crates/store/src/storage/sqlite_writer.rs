@@ -141,7 +141,7 @@ fn write_batch(conn: &mut Connection, writes: Vec<PendingWrite>) -> Result<Resul
             }
         }
     }
-    let plan = plan_batch(&stored_rows(rows), writes, base);
+    let plan = plan_batch(&stored_rows(rows), &writes, base);
     if plan.revision == base {
         // Nothing changed; the transaction rolls back.
         return Ok(plan.results);
@@ -218,7 +218,7 @@ mod tests {
         };
         PendingWrite {
             name: name.into(),
-            mutation: Box::new(move |_| Ok(Write::Put(gateway))),
+            mutation: Box::new(move |_| Ok(Write::Put(gateway.clone()))),
             dry_run: false,
         }
     }
@@ -265,7 +265,7 @@ mod tests {
             };
             PendingWrite {
                 name: name.into(),
-                mutation: Box::new(move |_| Ok(Write::Put(gateway))),
+                mutation: Box::new(move |_| Ok(Write::Put(gateway.clone()))),
                 dry_run: false,
             }
         };
