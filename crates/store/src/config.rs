@@ -93,6 +93,14 @@ pub struct WatchArgs {
     /// Interval of BOOKMARK events for watches that allow them.
     #[arg(long, env = "GANTRY_BOOKMARK_INTERVAL", default_value = "10s", value_parser = gantry_core::duration::parse_duration)]
     pub bookmark_interval: Duration,
+
+    /// The longest a watch holds an event back to send it in one HTTP/2
+    /// frame with those committed right after it. Only a watch woken again
+    /// within this window of its previous wake-up waits (for the rest of
+    /// the window); the first event after a quiet window goes out at once.
+    /// 0 sends each event as soon as it is committed.
+    #[arg(long, env = "GANTRY_WATCH_COALESCE", default_value = "2ms", value_parser = gantry_core::duration::parse_duration)]
+    pub watch_coalesce: Duration,
 }
 
 /// Authentication flags.

@@ -90,6 +90,7 @@ impl Core {
             storage,
             hub: hub.clone(),
             bookmark_interval: settings.watch.bookmark_interval,
+            coalesce: settings.watch.coalesce,
             shutdown: shutdown.clone(),
             too_slow: metrics.watchers_too_slow.clone(),
         };

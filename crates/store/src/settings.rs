@@ -88,6 +88,10 @@ pub struct WatchSettings {
     pub subscriber_bytes: usize,
     /// Interval of BOOKMARK events for watches that allow them.
     pub bookmark_interval: Duration,
+    /// The longest a watch holds an event back to send it together with
+    /// those committed right after it (0: each at once); see
+    /// [`crate::watch::stream`].
+    pub coalesce: Duration,
     /// Event history kept in the database.
     pub retention: Retention,
     /// How often old events are compacted.
@@ -104,6 +108,7 @@ impl Default for WatchSettings {
             subscriber_buffer: 4096,
             subscriber_bytes: 16 << 20,
             bookmark_interval: Duration::from_secs(10),
+            coalesce: crate::watch::stream::DEFAULT_COALESCE,
             retention: Retention { max_events: 100_000, max_age_ms: 3_600_000 },
             compaction_interval: Duration::from_secs(60),
             poll_interval: Duration::from_secs(1),
@@ -159,6 +164,7 @@ pub async fn settings_from_config(config: &Config) -> Result<Settings, ServeErro
         subscriber_buffer: config.watch.watch_buffer,
         subscriber_bytes: config.watch.watch_buffer_bytes,
         bookmark_interval: config.watch.bookmark_interval,
+        coalesce: config.watch.watch_coalesce,
         retention: Retention {
             max_events: i64::try_from(config.watch.history_max_events).unwrap_or(i64::MAX),
             max_age_ms: i64::try_from(config.watch.history_max_age.as_millis()).unwrap_or(i64::MAX),

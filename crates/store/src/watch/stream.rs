@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use gantry_api::v1::{EventType, WatchEvent};
 use gantry_runtime::Shutdown;
+use tokio::time::Instant;
 
 use super::budget::{Budget, Charge, BUDGET_WAIT};
 use super::filter::Filter;
@@ -38,6 +39,8 @@ const CATCH_UP_PAGE: usize = 500;
 const LIVE_READ: usize = 64;
 /// Gateways read per query for `send_initial_events`.
 const INITIAL_PAGE: usize = 100;
+/// The default of [`WatchContext::coalesce`] (`--watch-coalesce`).
+pub const DEFAULT_COALESCE: Duration = Duration::from_millis(2);
 
 /// Watch settings shared by every stream.
 #[derive(Debug, Clone)]
@@ -45,6 +48,8 @@ pub struct WatchContext {
     pub storage: Arc<dyn Storage>,
     pub hub: Arc<WatchHub>,
     pub bookmark_interval: Duration,
+    /// The longest an event is held back to go out with the next ones.
+    pub coalesce: Duration,
     pub shutdown: Shutdown,
     /// Watchers ended for falling behind (`WATCHER_TOO_SLOW`).
     pub too_slow: prometheus_client::metrics::counter::Counter,
@@ -105,6 +110,8 @@ struct State {
     stopping: bool,
     /// Waited [`BUDGET_WAIT`] for its identity's budget.
     over_budget: bool,
+    /// When the stream last read the watch cache after waiting for it.
+    woken: Option<Instant>,
     done: bool,
 }
 
@@ -213,6 +220,7 @@ pub async fn start(
         bookmarks,
         stopping: false,
         over_budget: false,
+        woken: None,
         done: false,
     };
     Ok(Box::pin(futures_util::stream::unfold(state, |mut state| async move {
@@ -221,46 +229,20 @@ pub async fn start(
     })))
 }
 
-async fn next(s: &mut State) -> Option<Result<WatchEvent, WatchEnd>> {
+/// A stream item: the next event, or why the watch ended (`None` once it
+/// has ended).
+type Item = Option<Result<WatchEvent, WatchEnd>>;
+
+async fn next(s: &mut State) -> Item {
     loop {
         if s.done {
             return None;
         }
-        if let Some(initial) = &mut s.initial {
-            if let Some(gateway) = initial.page.next() {
-                if !s.filter.matches(&gateway) {
-                    continue;
-                }
-                // Its bytes as stored, as every change is sent.
-                return Some(Ok(WatchEvent {
-                    r#type: EventType::Added as i32,
-                    encoded_gateway: Some(gateway.encoded),
-                    resource_version: gateway.resource_version,
-                    ..Default::default()
-                }));
+        if s.initial.is_some() {
+            if let Some(item) = next_initial(s).await {
+                return item;
             }
-            if initial.more {
-                let after = std::mem::take(&mut initial.after);
-                // The drained page's bytes go back before the next is charged.
-                *initial = Initial::unread();
-                let Some(charge) =
-                    s.budget.charge_within(WATCH_PAGE_BYTES as u64, BUDGET_WAIT).await
-                else {
-                    return Some(Err(s.end(|_| WatchEnd::OverBudget { resume: None })));
-                };
-                match Initial::read(s.ctx.storage.as_ref(), charge, after, s.last).await {
-                    Ok(next) => *initial = next,
-                    Err(e) => {
-                        s.done = true;
-                        return Some(Err(WatchEnd::Storage(e)));
-                    }
-                }
-                continue;
-            }
-            s.initial = None;
-            let mut end = bookmark(s.last);
-            end.initial_events_end = true;
-            return Some(Ok(end));
+            continue;
         }
         if let Some(event) = s.pending.pop_front() {
             if event.revision <= s.last {
@@ -287,42 +269,114 @@ async fn next(s: &mut State) -> Option<Result<WatchEvent, WatchEnd>> {
             }
             continue;
         }
-        let Some(live) = s.live.as_mut() else {
-            continue;
+        if let Some(item) = next_live(s).await {
+            return item;
+        }
+    }
+}
+
+/// The next of the initial objects, or the BOOKMARK that ends them;
+/// `None` to go on (an object the filter skips, a page read).
+async fn next_initial(s: &mut State) -> Option<Item> {
+    let initial = s.initial.as_mut()?;
+    if let Some(gateway) = initial.page.next() {
+        if !s.filter.matches(&gateway) {
+            return None;
+        }
+        // Its bytes as stored, as every change is sent.
+        return Some(Some(Ok(WatchEvent {
+            r#type: EventType::Added as i32,
+            encoded_gateway: Some(gateway.encoded),
+            resource_version: gateway.resource_version,
+            ..Default::default()
+        })));
+    }
+    if initial.more {
+        let after = std::mem::take(&mut initial.after);
+        // The drained page's bytes go back before the next is charged.
+        *initial = Initial::unread();
+        let Some(charge) = s.budget.charge_within(WATCH_PAGE_BYTES as u64, BUDGET_WAIT).await
+        else {
+            return Some(Some(Err(s.end(|_| WatchEnd::OverBudget { resume: None }))));
         };
-        // Seen before reading: a publish after this read wakes the wait.
-        live.head.borrow_and_update();
-        match s.ctx.hub.read(live, s.last, LIVE_READ) {
-            Read::Events(events) => {
-                s.pending.extend(events);
-                continue;
-            }
-            Read::Wait if s.stopping => {
-                return Some(Err(s.end(|last| WatchEnd::ShuttingDown { last })));
-            }
-            Read::Wait => {}
-            Read::TooSlow { events, bytes } => {
-                s.ctx.too_slow.inc();
-                return Some(Err(s.end(|last| WatchEnd::TooSlow { last, events, bytes })));
-            }
-            Read::Reset => {
-                return Some(Err(s.end(|last| WatchEnd::Reset { last })));
+        match Initial::read(s.ctx.storage.as_ref(), charge, after, s.last).await {
+            Ok(next) => s.initial = Some(next),
+            Err(e) => {
+                s.done = true;
+                return Some(Some(Err(WatchEnd::Storage(e))));
             }
         }
-        let stop = s.ctx.shutdown.wait();
+        return None;
+    }
+    s.initial = None;
+    let mut end = bookmark(s.last);
+    end.initial_events_end = true;
+    Some(Some(Ok(end)))
+}
+
+/// Takes the next events from the watch cache into `pending`, or waits
+/// for the head to move (or the stop, or a BOOKMARK's tick); an item when
+/// the watch ends or a BOOKMARK is due, `None` to go on.
+async fn next_live(s: &mut State) -> Option<Item> {
+    let live = s.live.as_mut()?;
+    // Seen before reading: a publish after this read wakes the wait.
+    live.head.borrow_and_update();
+    match s.ctx.hub.read(live, s.last, LIVE_READ) {
+        Read::Events(events) => {
+            s.pending.extend(events);
+            return None;
+        }
+        Read::Wait if s.stopping => {
+            return Some(Some(Err(s.end(|last| WatchEnd::ShuttingDown { last }))));
+        }
+        Read::Wait => {}
+        Read::TooSlow { events, bytes } => {
+            s.ctx.too_slow.inc();
+            return Some(Some(Err(s.end(|last| WatchEnd::TooSlow { last, events, bytes }))));
+        }
+        Read::Reset => {
+            return Some(Some(Err(s.end(|last| WatchEnd::Reset { last }))));
+        }
+    }
+    let stop = s.ctx.shutdown.wait();
+    tokio::select! {
+        biased;
+        // Deliver what was committed before the stop, then end.
+        () = stop, if !s.stopping => s.stopping = true,
+        changed = live.head.changed() => {
+            if changed.is_err() {
+                // The hub is gone: the store is stopping.
+                s.stopping = true;
+            } else {
+                gather(s).await;
+            }
+        }
+        _ = tick(&mut s.bookmarks) => {
+            return Some(Some(Ok(bookmark(s.last))));
+        }
+    }
+    None
+}
+
+/// Woken by a new head within [`WatchContext::coalesce`] of its previous
+/// wake-up, a stream waits out the rest of that window before it reads
+/// the watch cache, so that the events committed meanwhile go out
+/// together: tonic writes the messages a stream has ready in one HTTP/2
+/// DATA frame, and a frame per event per watcher is most of a busy
+/// watch's cost. The first event after a quiet window goes out at once;
+/// no event waits longer than the window.
+async fn gather(s: &mut State) {
+    let now = Instant::now();
+    let until = match s.woken {
+        Some(previous) if now < previous + s.ctx.coalesce => previous + s.ctx.coalesce,
+        _ => now,
+    };
+    s.woken = Some(until);
+    if until > now {
         tokio::select! {
             biased;
-            // Deliver what was committed before the stop, then end.
-            () = stop, if !s.stopping => s.stopping = true,
-            changed = live.head.changed() => {
-                if changed.is_err() {
-                    // The hub is gone: the store is stopping.
-                    s.stopping = true;
-                }
-            }
-            _ = tick(&mut s.bookmarks) => {
-                return Some(Ok(bookmark(s.last)));
-            }
+            () = s.ctx.shutdown.wait() => s.stopping = true,
+            () = tokio::time::sleep_until(until) => {}
         }
     }
 }
@@ -383,6 +437,95 @@ async fn attach(s: &mut State) -> Result<(), StorageError> {
 mod tests {
     use super::*;
     use gantry_api::v1::{Gateway, ObjectMeta};
+
+    fn event(revision: i64) -> Arc<Event> {
+        let gateway = Gateway {
+            metadata: Some(ObjectMeta { name: "edge".into(), ..Default::default() }),
+            ..Default::default()
+        };
+        let encoded = prost::bytes::Bytes::from(prost::Message::encode_to_vec(&gateway));
+        Arc::new(Event::new(revision, EventType::Modified, &gateway, None, encoded))
+    }
+
+    /// For events published at 1, 5, 10 and 100 ms (paused time) on a
+    /// stream that gathers events for `coalesce`: each one's revision and
+    /// how long after the first publish it was published and received.
+    async fn published_and_received(coalesce: Duration) -> Vec<(i64, Duration, Duration)> {
+        let dir = gantry_testkit::temp_dir("stream-coalesce");
+        let url = format!("sqlite://{}", dir.join("gantry.db").display());
+        // A live watch from the head never reads the database.
+        let storage = Arc::new(crate::storage::sqlite::SqliteStorage::open(&url).await.unwrap());
+        tokio::time::pause();
+        let limits = super::super::hub::HubLimits {
+            cache_events: 64,
+            cache_bytes: 1 << 20,
+            lag_events: 64,
+            lag_bytes: 1 << 20,
+        };
+        let hub = Arc::new(WatchHub::new(0, limits));
+        let ctx = WatchContext {
+            storage,
+            hub: hub.clone(),
+            bookmark_interval: Duration::from_secs(3600),
+            coalesce,
+            shutdown: Shutdown::new(),
+            too_slow: Default::default(),
+        };
+        let params = Params {
+            filter: Filter::new(gantry_core::Selector::default(), None),
+            resource_version: 0,
+            send_initial_events: false,
+            allow_bookmarks: false,
+        };
+        let budget = super::super::budget::Budget::new(1 << 20, Default::default());
+        let mut events = start(ctx, params, budget).await.unwrap();
+        let started = Instant::now();
+        let subscriber = tokio::spawn(async move {
+            let mut got = Vec::new();
+            while got.len() < 4 {
+                let event = futures_util::StreamExt::next(&mut events).await.unwrap().unwrap();
+                got.push((event.resource_version, started.elapsed()));
+            }
+            got
+        });
+        let mut published = Vec::new();
+        // The subscriber waits on the head from the start.
+        for (revision, at) in [(1, 1), (2, 5), (3, 10), (4, 100)] {
+            tokio::time::sleep_until(started + Duration::from_millis(at)).await;
+            published.push(started.elapsed());
+            hub.publish([event(revision)]);
+        }
+        let got = subscriber.await.unwrap();
+        tokio::time::resume();
+        let _ = std::fs::remove_dir_all(dir);
+        got.into_iter()
+            .zip(published)
+            .map(|((revision, got), sent)| (revision, sent, got))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn events_close_together_go_out_together_and_none_waits_longer_than_the_window() {
+        let window = Duration::from_millis(20);
+        let got = published_and_received(window).await;
+        let revisions: Vec<i64> = got.iter().map(|(r, _, _)| *r).collect();
+        assert_eq!(revisions, [1, 2, 3, 4]);
+        let held: Vec<Duration> = got.iter().map(|(_, sent, received)| *received - *sent).collect();
+        // The first event after a quiet window goes out at once.
+        assert_eq!(held[0], Duration::ZERO, "{got:?}");
+        // The two published within the window after it go out together
+        // when the window ends (tokio's timer fires on a 1 ms tick).
+        assert_eq!(got[1].2, got[2].2, "not sent together: {got:?}");
+        let window_end = got[0].2 + window;
+        let tick = Duration::from_millis(1);
+        assert!(got[1].2 >= window_end && got[1].2 <= window_end + tick, "{got:?}");
+        assert!(held[1] > Duration::ZERO && held[1] <= window, "{got:?}");
+        // After a quiet window, at once again.
+        assert_eq!(held[3], Duration::ZERO, "{got:?}");
+        // Without a window each goes out as it is published.
+        let got = published_and_received(Duration::ZERO).await;
+        assert!(got.iter().all(|(_, sent, received)| sent == received), "{got:?}");
+    }
 
     #[test]
     fn every_subscriber_sends_the_bytes_encoded_at_commit() {
