@@ -72,6 +72,8 @@ struct Ring {
     head_offset: u64,
     /// Bumped by [`WatchHub::reset`]; subscribers of an older epoch end.
     epoch: u64,
+    /// When the head was last published.
+    published_at: Option<tokio::time::Instant>,
 }
 
 impl Ring {
@@ -101,6 +103,7 @@ impl WatchHub {
                 head,
                 head_offset: 0,
                 epoch: 0,
+                published_at: None,
             }),
             head_tx: watch::channel(head).0,
             limits,
@@ -117,6 +120,11 @@ impl WatchHub {
     /// The newest published revision.
     pub fn head(&self) -> i64 {
         self.lock().head
+    }
+
+    /// When the newest events were published (`None`: none yet).
+    pub fn published_at(&self) -> Option<tokio::time::Instant> {
+        self.lock().published_at
     }
 
     /// Number of live subscribers.
@@ -166,6 +174,7 @@ impl WatchHub {
         }
         if published > 0 {
             let head = ring.head;
+            ring.published_at = Some(tokio::time::Instant::now());
             drop(ring);
             self.head_tx.send_replace(head);
         }

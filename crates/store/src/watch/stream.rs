@@ -112,6 +112,7 @@ struct State {
     over_budget: bool,
     /// When the stream last read the watch cache after waiting for it.
     woken: Option<Instant>,
+
     done: bool,
 }
 
@@ -358,17 +359,24 @@ async fn next_live(s: &mut State) -> Option<Item> {
     None
 }
 
-/// Woken by a new head within [`WatchContext::coalesce`] of its previous
-/// wake-up, a stream waits out the rest of that window before it reads
-/// the watch cache, so that the events committed meanwhile go out
-/// together: tonic writes the messages a stream has ready in one HTTP/2
-/// DATA frame, and a frame per event per watcher is most of a busy
-/// watch's cost. The first event after a quiet window goes out at once;
-/// no event waits longer than the window.
+/// Before a woken stream reads the watch cache it may wait, at most
+/// [`WatchContext::coalesce`], so that the events committed meanwhile go
+/// out together: tonic writes the messages a stream has ready in one
+/// HTTP/2 DATA frame, and a frame per event per watcher is most of a busy
+/// watch's cost. It waits when woken again within the window of its
+/// previous wake-up (for the rest of that window), or when it runs more
+/// than a window after the publish that woke it (the store is busy: for a
+/// window from now, while the writer and the other streams run: the
+/// writer's next commits land in it). A stream woken on time after a
+/// quiet window reads at once. (Skipping the wait after one that gathered
+/// a lone event was measured: the back-to-back gain is gone, as it comes
+/// from every busy stream waiting, which lets the writer run.)
 async fn gather(s: &mut State) {
-    let now = Instant::now();
-    let until = match s.woken {
-        Some(previous) if now < previous + s.ctx.coalesce => previous + s.ctx.coalesce,
+    let (now, window) = (Instant::now(), s.ctx.coalesce);
+    let late = s.ctx.hub.published_at().is_some_and(|at| now.duration_since(at) > window);
+    let until = match s.woken.map(|previous| previous + window) {
+        Some(end) if now < end => end,
+        _ if late => now + window,
         _ => now,
     };
     s.woken = Some(until);
@@ -447,10 +455,14 @@ mod tests {
         Arc::new(Event::new(revision, EventType::Modified, &gateway, None, encoded))
     }
 
-    /// For events published at 1, 5, 10 and 100 ms (paused time) on a
-    /// stream that gathers events for `coalesce`: each one's revision and
-    /// how long after the first publish it was published and received.
-    async fn published_and_received(coalesce: Duration) -> Vec<(i64, Duration, Duration)> {
+    /// When each event was published and received, in ms from the start
+    /// (paused time): `(revision, published, received)`.
+    type Times = Vec<(i64, u64, u64)>;
+
+    /// Events published by `schedule` — `(at ms, late ms)`: revision
+    /// `i + 1` published at `at`, its subscriber run `late` ms after (the
+    /// runtime busy) — on a stream that gathers events for `coalesce`.
+    async fn published_and_received(coalesce: Duration, schedule: &[(u64, u64)]) -> Times {
         let dir = gantry_testkit::temp_dir("stream-coalesce");
         let url = format!("sqlite://{}", dir.join("gantry.db").display());
         // A live watch from the head never reads the database.
@@ -480,20 +492,26 @@ mod tests {
         let budget = super::super::budget::Budget::new(1 << 20, Default::default());
         let mut events = start(ctx, params, budget).await.unwrap();
         let started = Instant::now();
+        let ms = move || started.elapsed().as_millis() as u64;
+        let n = schedule.len();
         let subscriber = tokio::spawn(async move {
             let mut got = Vec::new();
-            while got.len() < 4 {
+            while got.len() < n {
                 let event = futures_util::StreamExt::next(&mut events).await.unwrap().unwrap();
-                got.push((event.resource_version, started.elapsed()));
+                got.push((event.resource_version, ms()));
             }
             got
         });
         let mut published = Vec::new();
-        // The subscriber waits on the head from the start.
-        for (revision, at) in [(1, 1), (2, 5), (3, 10), (4, 100)] {
-            tokio::time::sleep_until(started + Duration::from_millis(at)).await;
-            published.push(started.elapsed());
-            hub.publish([event(revision)]);
+        for (i, (at, late)) in schedule.iter().enumerate() {
+            // The subscriber waits on the head from the start.
+            tokio::time::sleep_until(started + Duration::from_millis(*at)).await;
+            published.push(ms());
+            hub.publish([event(i as i64 + 1)]);
+            if *late > 0 {
+                // The clock moves on before the subscriber runs.
+                tokio::time::advance(Duration::from_millis(*late)).await;
+            }
         }
         let got = subscriber.await.unwrap();
         tokio::time::resume();
@@ -507,24 +525,32 @@ mod tests {
     #[tokio::test]
     async fn events_close_together_go_out_together_and_none_waits_longer_than_the_window() {
         let window = Duration::from_millis(20);
-        let got = published_and_received(window).await;
+        let schedule = [(1, 0), (5, 0), (10, 0), (100, 0), (200, 25), (230, 0), (400, 25)];
+        let got = published_and_received(window, &schedule).await;
+        // tokio's timer fires on a 1 ms tick.
+        let about = |got: u64, want: u64| got == want || got == want + 1;
         let revisions: Vec<i64> = got.iter().map(|(r, _, _)| *r).collect();
-        assert_eq!(revisions, [1, 2, 3, 4]);
-        let held: Vec<Duration> = got.iter().map(|(_, sent, received)| *received - *sent).collect();
-        // The first event after a quiet window goes out at once.
-        assert_eq!(held[0], Duration::ZERO, "{got:?}");
-        // The two published within the window after it go out together
-        // when the window ends (tokio's timer fires on a 1 ms tick).
-        assert_eq!(got[1].2, got[2].2, "not sent together: {got:?}");
-        let window_end = got[0].2 + window;
-        let tick = Duration::from_millis(1);
-        assert!(got[1].2 >= window_end && got[1].2 <= window_end + tick, "{got:?}");
-        assert!(held[1] > Duration::ZERO && held[1] <= window, "{got:?}");
+        assert_eq!(revisions, [1, 2, 3, 4, 5, 6, 7]);
+        let (at, sent) = (|i: usize| got[i].2, |i: usize| got[i].1);
+        // The first event after a quiet window goes out at once; the two
+        // published within the window after it together when it ends.
+        assert_eq!(at(0), sent(0), "{got:?}");
+        assert!(at(1) == at(2) && about(at(1), at(0) + 20), "{got:?}");
         // After a quiet window, at once again.
-        assert_eq!(held[3], Duration::ZERO, "{got:?}");
-        // Without a window each goes out as it is published.
-        let got = published_and_received(Duration::ZERO).await;
-        assert!(got.iter().all(|(_, sent, received)| sent == received), "{got:?}");
+        assert_eq!(at(3), sent(3), "{got:?}");
+        // Run late (25 ms after its publish): it waits a window, and the
+        // event published meanwhile goes out with it.
+        assert!(at(4) == at(5) && about(at(4), sent(4) + 25 + 20), "{got:?}");
+        // Late again: it waits a window whether or not more come.
+        assert!(about(at(6), sent(6) + 25 + 20), "{got:?}");
+        // No event held more than a window past when its subscriber ran.
+        for (i, (_, sent, received)) in got.iter().enumerate() {
+            let ran = sent + schedule[i].1;
+            assert!(*received <= ran + 21, "{got:?}");
+        }
+        // Without a window each goes out as soon as its subscriber runs.
+        let got = published_and_received(Duration::ZERO, &schedule).await;
+        assert!(got.iter().zip(&schedule).all(|((_, s, r), (_, late))| *r == s + late), "{got:?}");
     }
 
     #[test]
