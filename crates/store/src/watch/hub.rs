@@ -80,6 +80,16 @@ impl Ring {
     fn retained_bytes(&self) -> u64 {
         self.head_offset - self.base
     }
+
+    /// For a subscriber at revision `after` (at most the head): how many
+    /// retained events it has read (skips), and the encoded bytes it has
+    /// not; `None` when the ring no longer holds all it has not read.
+    fn unread(&self, after: i64) -> Option<(usize, u64)> {
+        let oldest = self.events.front().map_or(self.head + 1, |e| e.revision);
+        let skip = usize::try_from(after - (oldest - 1)).ok()?;
+        let read_up_to = if skip == 0 { self.base } else { self.offsets[skip - 1] };
+        Some((skip, self.head_offset - read_up_to))
+    }
 }
 
 /// The store process's watch cache.
@@ -182,12 +192,27 @@ impl WatchHub {
     }
 
     /// For a watch continuing after revision `after`: a subscription when
-    /// the ring reaches back to it, `None` otherwise (read the database).
+    /// the ring reaches back to it and what it has yet to read is within
+    /// what a live subscriber may fall behind; `None` otherwise (read the
+    /// database first). A subscriber ended for falling behind resumes
+    /// from where it was, further behind than that: subscribed, its first
+    /// read would end it again, and again at every retry while no newer
+    /// write moves the ring past it.
     pub fn subscribe(&self, after: i64) -> Option<Subscription> {
         let ring = self.lock();
-        let oldest = ring.events.front().map_or(ring.head + 1, |e| e.revision);
-        (after >= oldest - 1 && after <= ring.head)
+        if after > ring.head {
+            return None;
+        }
+        let (_, bytes) = ring.unread(after)?;
+        (!self.over_lag(ring.head - after, bytes))
             .then(|| Subscription { epoch: ring.epoch, head: self.head_tx.subscribe() })
+    }
+
+    /// Whether `events` (`bytes`) unread are more than a subscriber may
+    /// fall behind.
+    fn over_lag(&self, events: i64, bytes: u64) -> bool {
+        events > i64::try_from(self.limits.lag_events).unwrap_or(i64::MAX)
+            || bytes > self.limits.lag_bytes as u64
     }
 
     /// Up to `max` events after revision `after` for `subscription`.
@@ -200,16 +225,11 @@ impl WatchHub {
             return Read::Wait;
         }
         let events = ring.head - after;
-        let oldest = ring.events.front().map_or(ring.head + 1, |e| e.revision);
-        let Ok(skip) = usize::try_from(after - (oldest - 1)) else {
+        let Some((skip, bytes)) = ring.unread(after) else {
             // The ring moved past this subscriber's position.
             return Read::TooSlow { events, bytes: ring.retained_bytes() };
         };
-        let read_up_to = if skip == 0 { ring.base } else { ring.offsets[skip - 1] };
-        let bytes = ring.head_offset - read_up_to;
-        if events > i64::try_from(self.limits.lag_events).unwrap_or(i64::MAX)
-            || bytes > self.limits.lag_bytes as u64
-        {
+        if self.over_lag(events, bytes) {
             return Read::TooSlow { events, bytes };
         }
         Read::Events(ring.events.iter().skip(skip).take(max.max(1)).cloned().collect())
@@ -307,6 +327,25 @@ mod tests {
         let sub = hub.subscribe(0).unwrap();
         hub.publish((1..=4).map(event));
         assert!(matches!(hub.read(&sub, 0, 10), Read::TooSlow { events: 4, .. }));
+    }
+
+    #[test]
+    fn a_subscriber_further_behind_than_its_lag_budget_reads_the_database_first() {
+        let hub = WatchHub::new(0, limits(10, 2));
+        hub.publish((1..=5).map(event));
+        // Held by the ring, but 3 or more behind: the database first.
+        assert!(hub.subscribe(0).is_none());
+        assert!(hub.subscribe(2).is_none());
+        // Within the budget: live.
+        let sub = hub.subscribe(3).unwrap();
+        assert_eq!(revisions(hub.read(&sub, 3, 10)), [4, 5]);
+        assert!(hub.subscribe(5).is_some());
+        assert!(hub.subscribe(6).is_none(), "ahead of the head");
+        // In bytes too.
+        let hub = WatchHub::new(0, HubLimits { lag_bytes: 250, ..limits(10, 100) });
+        hub.publish([sized(1, 100), sized(2, 100), sized(3, 100)]);
+        assert!(hub.subscribe(0).is_none());
+        assert!(hub.subscribe(1).is_some());
     }
 
     #[test]
