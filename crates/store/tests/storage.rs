@@ -349,6 +349,34 @@ async fn postgres_a_batch_that_loses_the_race_to_another_replica_runs_again_behi
     store.stop().await;
 }
 
+/// A replica plans a batch on the rows it knows from its own last commit
+/// and skips the read; when another replica has written since, the
+/// compare-and-set on the revision refuses that plan and the batch runs
+/// again on a read: the other replica's change is kept, not overwritten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_rows_known_from_the_last_commit_are_not_trusted_after_another_replica_wrote() {
+    let Some(store) = TestStore::start(Backend::Postgres).await else { return };
+    let (replica_a, replica_b) =
+        (store.storage.clone(), gantry_store::open_storage(&store.database.url).await.unwrap());
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    replica_a.write_batch(vec![create_write("shared")]).await.unwrap().pop().unwrap().unwrap();
+    replica_a.write_batch(vec![add_label("shared", "a1", &runs)]).await.unwrap();
+    assert_eq!(runs.swap(0, std::sync::atomic::Ordering::SeqCst), 1);
+    replica_b.write_batch(vec![add_label("shared", "b", &runs)]).await.unwrap();
+    assert_eq!(runs.swap(0, std::sync::atomic::Ordering::SeqCst), 1);
+    let committed =
+        replica_a.write_batch(vec![add_label("shared", "a2", &runs)]).await.unwrap().pop();
+    // Planned on what it knew, refused, planned again on a read.
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2, "known rows were not tried");
+    let gateway = committed.unwrap().unwrap().gateway;
+    let labels = gateway.metadata.unwrap().labels;
+    let keys: Vec<&String> = labels.keys().collect();
+    assert_eq!(keys, ["a1", "a2", "b"], "a change was lost");
+    let stored = store.storage.get("shared").await.unwrap().unwrap();
+    assert_eq!(stored.metadata.unwrap().labels, labels);
+    store.stop().await;
+}
+
 /// Acknowledged means durable: the store's own connections commit with
 /// SQLite `synchronous=FULL` and PostgreSQL `synchronous_commit=on`, even
 /// when the database defaults to `off`; settings that would lose

@@ -19,6 +19,7 @@ use prost::bytes::Bytes;
 use prost::Message;
 
 mod driver;
+mod known_rows;
 pub mod postgres;
 pub mod sqlite;
 mod sqlite_writer;

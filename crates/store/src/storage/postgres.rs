@@ -19,11 +19,15 @@
 //! takes the revision lock before it reads (four round trips), so that it
 //! cannot lose twice. A row changed by a writer outside gateway-store
 //! (counts not as planned) aborts the statement, and with it the batch.
+//! When every row of a batch is one the writer read or wrote at its last
+//! commit ([`super::known_rows`]), it plans on those and skips the read:
+//! the compare-and-set on the revision is what makes them current.
 //!
 //! Several store replicas: each commit sends `NOTIFY gantry_events` inside
 //! its transaction (delivered at commit); every replica LISTENs and then
 //! reads the events table, which stays the source of truth.
 
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,9 +37,11 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::Connection as _;
 
 use super::driver::{Dialect, Driver};
+use super::known_rows::KnownRows;
 use super::{
     batch_names, changed_behind_our_back, encode_labels, now_ms, plan_batch, stored_rows,
-    Committed, Event, Page, PendingWrite, Retention, RowColumns, Snapshot, Storage, StorageError,
+    BatchPlan, Committed, Event, Page, PendingWrite, Retention, RowColumns, Snapshot, Storage,
+    StorageError, StoredRow,
 };
 
 /// PostgreSQL's statements for the shared [`Driver`].
@@ -118,6 +124,9 @@ pub struct PostgresStorage {
     /// runs one statement after another, so one is enough.
     writes: PgPool,
     page_token_key: Vec<u8>,
+    /// The rows the last batches read or wrote (shared by the clones that
+    /// write: checked by each batch's compare-and-set).
+    known: Arc<std::sync::Mutex<KnownRows>>,
 }
 
 impl PostgresStorage {
@@ -148,7 +157,8 @@ impl PostgresStorage {
         let (writes, connect) = options(1, WRITER_APPLICATION)?;
         let writes = writes.connect_lazy_with(connect);
         let page_token_key = Queries::page_token_key(&pool).await?;
-        let storage = Self { pool, background, writes, page_token_key };
+        let known = Arc::default();
+        let storage = Self { pool, background, writes, page_token_key, known };
         super::check_durability(&storage.durability().await?)?;
         Ok(storage)
     }
@@ -189,21 +199,49 @@ impl Storage for PostgresStorage {
     ) -> Result<Vec<Result<Committed, StorageError>>, StorageError> {
         let names = batch_names(&writes);
         let mut conn = self.pool.acquire().await?;
+        // Every row known as of this writer's last commit: no read.
+        let known = self.known_rows().lookup(&names);
+        if let Some((base, stored)) = known {
+            match write_planned(&mut conn, &stored, base, &writes, true).await {
+                Ok(Outcome::Written(plan)) => return Ok(self.remember(base, &stored, &names, plan)),
+                // Nothing changed (answered from a read), another writer
+                // came first, or the rows were not as known.
+                Ok(Outcome::Unchanged(_) | Outcome::Raced) | Err(StorageError::NotCommitted(_)) => {
+                    self.known_rows().forget();
+                }
+                Err(e) => {
+                    self.known_rows().forget();
+                    return Err(e);
+                }
+            }
+        }
         let read = sqlx::query_as(READ_BATCH).bind(&names).fetch_all(&mut *conn).await?;
-        if let Some(results) = write_planned(&mut conn, read, &writes, &names, true).await? {
-            return Ok(results);
+        let (base, stored) = read_rows(read);
+        match write_planned(&mut conn, &stored, base, &writes, true).await {
+            Ok(Outcome::Written(plan)) => return Ok(self.remember(base, &stored, &names, plan)),
+            Ok(Outcome::Unchanged(plan)) => return Ok(plan.results),
+            Ok(Outcome::Raced) => self.known_rows().forget(),
+            Err(e) => {
+                self.known_rows().forget();
+                return Err(e);
+            }
         }
         // Another replica committed between the read and the write: again,
         // behind it, holding the revision lock from before the read.
         let mut tx = conn.begin_with(BEGIN_AND_LOCK).await?;
         let read = sqlx::query_as(READ_BATCH).bind(&names).fetch_all(&mut *tx).await?;
-        let results =
-            write_planned(&mut tx, read, &writes, &names, false).await?.ok_or_else(|| {
-                StorageError::NotCommitted("the revision moved under the batch's lock".into())
-            })?;
+        let (base, stored) = read_rows(read);
+        let plan = match write_planned(&mut tx, &stored, base, &writes, false).await? {
+            Outcome::Unchanged(plan) => return Ok(plan.results),
+            Outcome::Written(plan) => plan,
+            Outcome::Raced => {
+                let moved = "the revision moved under the batch's lock";
+                return Err(StorageError::NotCommitted(moved.into()));
+            }
+        };
         // Sent: from here a failure leaves the outcome unknown.
         tx.commit().await.map_err(|e| StorageError::CommitUnknown(e.to_string()))?;
-        Ok(results)
+        Ok(self.remember(base, &stored, &names, plan))
     }
 
     async fn events_after(
@@ -252,28 +290,62 @@ impl Storage for PostgresStorage {
     }
 }
 
+impl PostgresStorage {
+    fn known_rows(&self) -> std::sync::MutexGuard<'_, KnownRows> {
+        self.known.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Keeps the rows `plan` committed (made on `stored` as of `base`);
+    /// its answers.
+    fn remember(
+        &self,
+        base: i64,
+        stored: &HashMap<String, StoredRow>,
+        names: &[String],
+        plan: BatchPlan,
+    ) -> Vec<Result<Committed, StorageError>> {
+        self.known_rows().committed(base, stored, names, &plan);
+        plan.results
+    }
+}
+
 /// What [`READ_BATCH`] answers: the revision, and each row's name and
 /// object.
 type ReadRows = Vec<(i64, Option<String>, Option<Vec<u8>>)>;
 
-/// Runs the rules of `writes` over the rows read and stores the outcome
-/// with [`WRITE_BATCH`]: their results, or `None` when another writer
-/// moved the revision since the read (nothing written). `alone`: the
-/// statement commits on its own, so a failure on the way leaves its
-/// outcome unknown; otherwise the caller's transaction commits it.
-async fn write_planned(
-    conn: &mut sqlx::PgConnection,
-    read: ReadRows,
-    writes: &[PendingWrite],
-    names: &[String],
-    alone: bool,
-) -> Result<Option<Vec<Result<Committed, StorageError>>>, StorageError> {
+/// The revision and the decoded rows of what [`READ_BATCH`] answered.
+fn read_rows(read: ReadRows) -> (i64, HashMap<String, StoredRow>) {
     let base = read.first().map_or(0, |(revision, _, _)| *revision);
     let rows = read.into_iter().filter_map(|(_, name, object)| Some((name?, object?)));
-    let plan = plan_batch(&stored_rows(rows.collect()), writes, base);
+    (base, stored_rows(rows.collect()))
+}
+
+/// What [`write_planned`] did.
+enum Outcome {
+    /// Stored and, when alone, committed.
+    Written(BatchPlan),
+    /// The rules changed nothing: nothing written, the answers stand as
+    /// of the rows given.
+    Unchanged(BatchPlan),
+    /// Another writer moved the revision since `base`: nothing written.
+    Raced,
+}
+
+/// Runs the rules of `writes` over `stored`, the rows as of revision
+/// `base`, and stores the outcome with [`WRITE_BATCH`] if the revision is
+/// still `base`. `alone`: the statement commits on its own, so a failure on
+/// the way leaves its outcome unknown; otherwise the caller's transaction
+/// commits it.
+async fn write_planned(
+    conn: &mut sqlx::PgConnection,
+    stored: &HashMap<String, StoredRow>,
+    base: i64,
+    writes: &[PendingWrite],
+    alone: bool,
+) -> Result<Outcome, StorageError> {
+    let plan = plan_batch(stored, writes, base);
     if plan.revision == base {
-        // Nothing to change: the answers stand as of the read.
-        return Ok(Some(plan.results));
+        return Ok(Outcome::Unchanged(plan));
     }
     let (mut updates, mut inserts) = (ColumnArrays::default(), ColumnArrays::default());
     let mut deletes = Vec::new();
@@ -307,12 +379,12 @@ async fn write_planned(
         .bind(count(updates.names.len()))
         .bind(count(inserts.names.len()))
         .bind(count(deletes.len()))
-        .bind(changed_behind_our_back(&names.join(", ")))
+        .bind(changed_behind_our_back(&plan_names(&plan)))
         .fetch_one(&mut *conn)
         .await;
     match written {
-        Ok((true,)) => Ok(Some(plan.results)),
-        Ok((false,)) => Ok(None),
+        Ok((true,)) => Ok(Outcome::Written(plan)),
+        Ok((false,)) => Ok(Outcome::Raced),
         // The database answered with an error: the statement (and, when
         // alone, its transaction) rolled back.
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(ABORTED_BATCH) => {
@@ -322,6 +394,11 @@ async fn write_planned(
         Err(e) if alone => Err(StorageError::CommitUnknown(e.to_string())),
         Err(e) => Err(e.into()),
     }
+}
+
+/// The names of the rows `plan` changes, for an error.
+fn plan_names(plan: &BatchPlan) -> String {
+    plan.rows.iter().map(|row| row.name.as_str()).collect::<Vec<_>>().join(", ")
 }
 
 /// Row columns as arrays, for one `UNNEST` statement.
