@@ -10,6 +10,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     if rest.is_empty() {
         return Err(invalid());
     }
+    // Zero needs no unit, as in Go's durations (kubectl's flags).
+    if rest == "0" {
+        return Ok(Duration::ZERO);
+    }
     let mut total = Duration::ZERO;
     while !rest.is_empty() {
         let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(invalid)?;
@@ -33,6 +37,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(total)
 }
 
+/// [`parse_duration`] for a period, which cannot be zero.
+pub fn parse_period(text: &str) -> Result<Duration, String> {
+    match parse_duration(text)? {
+        Duration::ZERO => Err(format!("{text:?}: a period must be above zero")),
+        period => Ok(period),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -43,8 +55,12 @@ mod tests {
         assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
         assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
         assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(172_800)));
-        for bad in ["", "10", "s", "1x", "-1s", "1.5s", "1 s"] {
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+        for bad in ["", "10", "00", "s", "1x", "-1s", "1.5s", "1 s"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+        assert_eq!(super::parse_period("10s"), Ok(Duration::from_secs(10)));
+        assert!(super::parse_period("0").is_err() && super::parse_period("0ms").is_err());
     }
 }

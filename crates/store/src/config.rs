@@ -91,7 +91,7 @@ pub struct WatchArgs {
     pub watch_buffer_bytes: usize,
 
     /// Interval of BOOKMARK events for watches that allow them.
-    #[arg(long, env = "GANTRY_BOOKMARK_INTERVAL", default_value = "10s", value_parser = gantry_core::duration::parse_duration)]
+    #[arg(long, env = "GANTRY_BOOKMARK_INTERVAL", default_value = "10s", value_parser = gantry_core::duration::parse_period)]
     pub bookmark_interval: Duration,
 
     /// The longest a watch holds an event back to send it in one HTTP/2
