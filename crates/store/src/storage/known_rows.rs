@@ -91,34 +91,8 @@ impl KnownRows {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::{plan_batch, PendingWrite};
-    use gantry_api::v1::ObjectMeta;
-    use gantry_core::Write;
-
-    fn named(name: &str, image: &str) -> Gateway {
-        Gateway {
-            metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
-            spec: Some(gantry_api::v1::GatewaySpec { image: image.into(), ..Default::default() }),
-            status: None,
-        }
-    }
-
-    fn put(name: &str, image: &str) -> PendingWrite {
-        let g = named(name, image);
-        PendingWrite {
-            name: name.into(),
-            mutation: Box::new(move |_| Ok(Write::Put(g.clone()))),
-            dry_run: false,
-        }
-    }
-
-    fn remove(name: &str) -> PendingWrite {
-        PendingWrite {
-            name: name.into(),
-            mutation: Box::new(|current| Ok(Write::Remove(current.cloned().unwrap()))),
-            dry_run: false,
-        }
-    }
+    use crate::storage::plan_batch;
+    use crate::storage::test_writes::{named, put, remove};
 
     fn image(stored: &HashMap<String, StoredRow>, name: &str) -> Option<String> {
         stored.get(name).map(|g| g.as_ref().unwrap().spec.as_ref().unwrap().image.clone())

@@ -560,11 +560,12 @@ pub(crate) fn events_cut(sizes: &[(i64, i64)], max_bytes: usize) -> Option<i64> 
     last
 }
 
+/// Gateways and writes for the storage modules' unit tests.
 #[cfg(test)]
-mod tests {
+pub(crate) mod test_writes {
     use super::*;
 
-    fn named(name: &str, image: &str) -> Gateway {
+    pub fn named(name: &str, image: &str) -> Gateway {
         Gateway {
             metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
             spec: Some(gantry_api::v1::GatewaySpec { image: image.into(), ..Default::default() }),
@@ -572,7 +573,7 @@ mod tests {
         }
     }
 
-    fn put(name: &str, image: &str) -> PendingWrite {
+    pub fn put(name: &str, image: &str) -> PendingWrite {
         let g = named(name, image);
         PendingWrite {
             name: name.into(),
@@ -581,7 +582,7 @@ mod tests {
         }
     }
 
-    fn remove(name: &str) -> PendingWrite {
+    pub fn remove(name: &str) -> PendingWrite {
         PendingWrite {
             name: name.into(),
             mutation: Box::new(|current| match current {
@@ -591,6 +592,12 @@ mod tests {
             dry_run: false,
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_writes::{named, put, remove};
+    use super::*;
 
     fn kinds(plan: &BatchPlan) -> Vec<Option<EventType>> {
         plan.results
