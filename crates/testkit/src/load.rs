@@ -159,19 +159,29 @@ pub fn quantile(latencies: &[std::time::Duration], q: f64) -> std::time::Duratio
 
 /// The editor's and the reconciler's work: `n` gateways created, each
 /// followed by a status write. A refusal panics.
-pub async fn work(
-    endpoint: &str,
-    (editor, reconciler): (&str, &str),
-    prefix: &str,
-    n: usize,
-) -> Done {
+pub async fn work(endpoint: &str, tokens: (&str, &str), prefix: &str, n: usize) -> Done {
+    let (mut editor, mut reconciler) = clients(endpoint, tokens);
+    work_on(&mut editor, &mut reconciler, prefix, n).await
+}
+
+/// The editor's and the reconciler's clients, each on a connection of its
+/// own (made at its first call).
+fn clients(endpoint: &str, (editor, reconciler): (&str, &str)) -> (GatewayClient, GatewayClient) {
     let client = |token: &str| {
         ClientConfig { endpoint: endpoint.into(), token: Some(token.into()), ..Default::default() }
             .connect_lazy()
             .expect("a client")
     };
-    let (mut editor, mut reconciler): (GatewayClient, GatewayClient) =
-        (client(editor), client(reconciler));
+    (client(editor), client(reconciler))
+}
+
+/// [`work`] through the given clients.
+async fn work_on(
+    editor: &mut GatewayClient,
+    reconciler: &mut GatewayClient,
+    prefix: &str,
+    n: usize,
+) -> Done {
     let mut done = Done::default();
     for i in 0..n {
         let name = format!("{prefix}-{i}");
@@ -207,7 +217,8 @@ pub async fn work(
 }
 
 /// [`work`] in rounds of 25 gateways named `{prefix}-{round}-{i}`, for at
-/// least `duration` and two rounds.
+/// least `duration` and two rounds, through one editor and one reconciler
+/// client: each keeps its connection, as a running reconciler does.
 pub async fn work_for(
     endpoint: &str,
     tokens: (&str, &str),
@@ -215,10 +226,12 @@ pub async fn work_for(
     duration: std::time::Duration,
 ) -> Done {
     let started = std::time::Instant::now();
+    let (mut editor, mut reconciler) = clients(endpoint, tokens);
     let mut all = Done::default();
     let mut round = 0;
     while round < 2 || started.elapsed() < duration {
-        all.extend(work(endpoint, tokens, &format!("{prefix}-{round}"), 25).await);
+        let prefix = format!("{prefix}-{round}");
+        all.extend(work_on(&mut editor, &mut reconciler, &prefix, 25).await);
         round += 1;
     }
     all
