@@ -92,6 +92,12 @@ async fn run(
                 tracing::warn!(error = %e, writes = replies.len(), "batch did not commit");
                 let reason = e.to_string();
                 let unknown = matches!(e, StorageError::CommitUnknown(_));
+                if unknown {
+                    // It may have committed, and its events are published
+                    // by no one else (the listener leaves this writer's
+                    // commits to it): the tailer reads whatever is new.
+                    hub.wake_tailer.notify_one();
+                }
                 for reply in replies {
                     let error = if unknown {
                         StorageError::CommitUnknown(reason.clone())

@@ -24,8 +24,10 @@
 //! the compare-and-set on the revision is what makes them current.
 //!
 //! Several store replicas: each commit sends `NOTIFY gantry_events` inside
-//! its transaction (delivered at commit); every replica LISTENs and then
-//! reads the events table, which stays the source of truth.
+//! its transaction (delivered at commit), naming the revision and the
+//! store that made it; every replica LISTENs and reads the events table,
+//! which stays the source of truth, after the other replicas' commits (its
+//! own writer publishes its own).
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -75,7 +77,8 @@ const READ_BATCH: &str = "SELECT r.revision, g.name, g.object FROM store_revisio
 /// `ANY` condition lets the planner find them by the primary key rather
 /// than hash-joining a scan), inserted ($8..$14), deleted ($15), the
 /// events ($16..$22), the new revision ($23) and the notification to the
-/// other replicas ($24, delivered at commit). Answers false when another
+/// other replicas (on channel $24, delivered at commit: the revision and
+/// the writer's origin $30, see [`notified_revision`]). Answers false when another
 /// writer moved the revision (nothing done), true when all is stored; rows
 /// not as planned (other than $26 updated, $27 inserted, $28 deleted)
 /// raise $29 and roll it all back.
@@ -98,7 +101,7 @@ const WRITE_BATCH: &str = "WITH revision AS (UPDATE store_revision SET revision 
     (revision, event_type, name, object, created_at_ms, prev_labels, prev_object) \
     SELECT * FROM UNNEST($16::int8[], $17::int4[], $18::text[], $19::bytea[], $20::int8[], \
     $21::bytea[], $22::bytea[]) WHERE EXISTS (SELECT 1 FROM revision)), \
-    notified AS (SELECT pg_notify($24, $23::text) FROM revision) \
+    notified AS (SELECT pg_notify($24, $23::text || ' ' || $30) FROM revision) \
     SELECT CASE WHEN NOT EXISTS (SELECT 1 FROM revision) THEN false \
     WHEN (SELECT COUNT(*) FROM updated) <> $26 OR (SELECT COUNT(*) FROM inserted) <> $27 \
     OR (SELECT COUNT(*) FROM deleted) <> $28 THEN gantry_abort_batch($29) \
@@ -124,6 +127,9 @@ pub struct PostgresStorage {
     /// runs one statement after another, so one is enough.
     writes: PgPool,
     page_token_key: Vec<u8>,
+    /// Names this store's commits in their notifications, so that its
+    /// listener leaves them to its writer ([`notified_revision`]).
+    origin: Arc<str>,
     /// The rows the last batches read or wrote (shared by the clones that
     /// write: checked by each batch's compare-and-set).
     known: Arc<std::sync::Mutex<KnownRows>>,
@@ -158,7 +164,8 @@ impl PostgresStorage {
         let writes = writes.connect_lazy_with(connect);
         let page_token_key = Queries::page_token_key(&pool).await?;
         let known = Arc::default();
-        let storage = Self { pool, background, writes, page_token_key, known };
+        let origin = format!("{:016x}", fastrand::u64(..)).into();
+        let storage = Self { pool, background, writes, page_token_key, origin, known };
         super::check_durability(&storage.durability().await?)?;
         Ok(storage)
     }
@@ -202,7 +209,7 @@ impl Storage for PostgresStorage {
         // Every row known as of this writer's last commit: no read.
         let known = self.known_rows().lookup(&names);
         if let Some((base, stored)) = known {
-            match write_planned(&mut conn, &stored, base, &writes, true).await {
+            match write_planned(&mut conn, &stored, base, &writes, &self.origin, true).await {
                 Ok(Outcome::Written(plan)) => return Ok(self.remember(base, &stored, &names, plan)),
                 // Nothing changed (answered from a read), another writer
                 // came first, or the rows were not as known.
@@ -217,7 +224,7 @@ impl Storage for PostgresStorage {
         }
         let read = sqlx::query_as(READ_BATCH).bind(&names).fetch_all(&mut *conn).await?;
         let (base, stored) = read_rows(read);
-        match write_planned(&mut conn, &stored, base, &writes, true).await {
+        match write_planned(&mut conn, &stored, base, &writes, &self.origin, true).await {
             Ok(Outcome::Written(plan)) => return Ok(self.remember(base, &stored, &names, plan)),
             Ok(Outcome::Unchanged(plan)) => return Ok(plan.results),
             Ok(Outcome::Raced) => self.known_rows().forget(),
@@ -231,7 +238,8 @@ impl Storage for PostgresStorage {
         let mut tx = conn.begin_with(BEGIN_AND_LOCK).await?;
         let read = sqlx::query_as(READ_BATCH).bind(&names).fetch_all(&mut *tx).await?;
         let (base, stored) = read_rows(read);
-        let plan = match write_planned(&mut tx, &stored, base, &writes, false).await? {
+        let plan = match write_planned(&mut tx, &stored, base, &writes, &self.origin, false).await?
+        {
             Outcome::Unchanged(plan) => return Ok(plan.results),
             Outcome::Written(plan) => plan,
             Outcome::Raced => {
@@ -271,9 +279,10 @@ impl Storage for PostgresStorage {
         // reader this wakes.
         committed(None);
         loop {
-            // The payload is the revision the batch committed.
             let notification = listener.recv().await?;
-            committed(notification.payload().parse().ok());
+            if let Some(revision) = notified_revision(notification.payload(), &self.origin) {
+                committed(revision);
+            }
         }
     }
 
@@ -341,6 +350,7 @@ async fn write_planned(
     stored: &HashMap<String, StoredRow>,
     base: i64,
     writes: &[PendingWrite],
+    origin: &str,
     alone: bool,
 ) -> Result<Outcome, StorageError> {
     let plan = plan_batch(stored, writes, base);
@@ -380,6 +390,7 @@ async fn write_planned(
         .bind(count(inserts.names.len()))
         .bind(count(deletes.len()))
         .bind(changed_behind_our_back(&plan_names(&plan)))
+        .bind(origin)
         .fetch_one(&mut *conn)
         .await;
     match written {
@@ -394,6 +405,18 @@ async fn write_planned(
         Err(e) if alone => Err(StorageError::CommitUnknown(e.to_string())),
         Err(e) => Err(e.into()),
     }
+}
+
+/// What a commit notification asks of the listener of the store whose
+/// writer is `origin`: `None`, nothing, when that writer made the commit
+/// (it publishes its own events once its commit is answered; read back,
+/// each would cost a query whenever the notification outran the answer);
+/// otherwise the revision to read up to, or `Some(None)`, read whatever is
+/// new, when the payload names none (a store before origins were sent).
+/// The payload is `"{revision} {origin}"`.
+fn notified_revision(payload: &str, origin: &str) -> Option<Option<i64>> {
+    let (revision, from) = payload.split_once(' ').unwrap_or((payload, ""));
+    (from != origin).then(|| revision.parse().ok())
 }
 
 /// The names of the rows `plan` changes, for an error.
@@ -437,5 +460,20 @@ impl<'a> ColumnArrays<'a> {
             .bind(&self.resource_versions)
             .bind(&self.deleting)
             .bind(&self.objects)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::notified_revision;
+
+    #[test]
+    fn a_store_leaves_its_own_commits_to_its_writer_and_reads_the_others() {
+        assert_eq!(notified_revision("42 00000000000000aa", "00000000000000aa"), None);
+        assert_eq!(notified_revision("42 00000000000000bb", "00000000000000aa"), Some(Some(42)));
+        // From a store that sends the revision alone, or an unreadable one.
+        assert_eq!(notified_revision("42", "00000000000000aa"), Some(Some(42)));
+        assert_eq!(notified_revision("", "00000000000000aa"), Some(None));
+        assert_eq!(notified_revision("x 00000000000000bb", "00000000000000aa"), Some(None));
     }
 }

@@ -12,8 +12,9 @@ use crate::storage::{Storage, StorageError};
 /// Events read per query while catching up.
 pub const TAIL_PAGE: usize = 1000;
 
-/// Feeds `hub` from the events table whenever woken (LISTEN/NOTIFY, a gap
-/// seen by the writer) and at least every `poll`, until `shutdown`.
+/// Feeds `hub` from the events table whenever woken (another replica's
+/// commit notified, a gap seen by the writer, a commit of its own whose
+/// outcome is unknown) and at least every `poll`, until `shutdown`.
 pub async fn run(
     storage: Arc<dyn Storage>,
     hub: Arc<WatchHub>,
