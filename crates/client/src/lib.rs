@@ -19,6 +19,7 @@
 
 pub mod config;
 pub mod manifest;
+pub mod shared_watch;
 pub mod traced;
 pub mod watch;
 pub mod write;

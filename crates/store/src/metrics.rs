@@ -113,7 +113,7 @@ pub struct Metrics {
     common: gantry_runtime::metrics::Common,
     requests: Family<RpcLabels, Counter>,
     latency: Family<MethodLabels, Histogram, fn() -> Histogram>,
-    /// Open WatchGateways streams.
+    /// Open watches (WatchGateways streams and the watches of Watch streams).
     pub watch_subscribers: Gauge,
     /// Events held in the watch cache.
     pub watch_cache_events: Gauge,
@@ -154,7 +154,7 @@ impl Default for Metrics {
             (Gauge::default(), Gauge::default(), Gauge::default());
         registry.register(
             "watch_subscribers",
-            "Open WatchGateways streams",
+            "Open watches (WatchGateways streams and the watches of Watch streams)",
             watch_subscribers.clone(),
         );
         registry.register(

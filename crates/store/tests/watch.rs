@@ -20,7 +20,7 @@ use gantry_testkit::eventually;
 use gantry_testkit::eventually_some;
 use prost_types::FieldMask;
 use tokio_stream::StreamExt;
-use tonic::{Code, Status, Streaming};
+use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
 /// Longest any single wait in these tests may take before it is a failure.
@@ -58,15 +58,15 @@ async fn listed_revision(c: &mut Client) -> i64 {
     c.list_gateways(ListGatewaysRequest::default()).await.unwrap().into_inner().resource_version
 }
 
-async fn watch(c: &mut Client, request: WatchGatewaysRequest) -> Streaming<WatchEvent> {
-    c.watch_gateways(request).await.unwrap().into_inner()
+async fn watch(shape: WatchShape, c: &mut Client, request: WatchGatewaysRequest) -> Events {
+    shape.open(c, request).await.unwrap()
 }
 
 fn from(revision: i64) -> WatchGatewaysRequest {
     WatchGatewaysRequest { resource_version: revision, ..Default::default() }
 }
 
-async fn next_event(stream: &mut Streaming<WatchEvent>) -> Result<WatchEvent, Status> {
+async fn next_event(stream: &mut Events) -> Result<WatchEvent, Status> {
     tokio::time::timeout(PATIENCE, stream.next())
         .await
         .expect("an event within the patience")
@@ -87,7 +87,7 @@ fn seen(e: &WatchEvent) -> Seen {
 }
 
 /// Reads change events (bookmarks skipped) until one at or after `until`.
-async fn collect_until(stream: &mut Streaming<WatchEvent>, until: i64, out: &mut Vec<Seen>) {
+async fn collect_until(stream: &mut Events, until: i64, out: &mut Vec<Seen>) {
     while out.last().is_none_or(|s| s.0 < until) {
         let e = next_event(stream).await.unwrap();
         if e.r#type() != EventType::Bookmark {
@@ -101,6 +101,7 @@ fn assert_strictly_increasing(events: &[Seen]) {
 }
 
 async fn every_subscriber_gets_every_change_exactly_once(store: &TestStore) {
+    let shape = store.watch_shape;
     const WRITERS: usize = 8;
     const CHANGES: usize = 200;
     const SUBSCRIBERS: usize = 20;
@@ -116,7 +117,7 @@ async fn every_subscriber_gets_every_change_exactly_once(store: &TestStore) {
         let mut client = store.client(VIEWER).await;
         let mut target = target_rx.clone();
         subscribers.push(tokio::spawn(async move {
-            let mut stream = watch(&mut client, from(start)).await;
+            let mut stream = watch(shape, &mut client, from(start)).await;
             let mut out: Vec<Seen> = Vec::new();
             loop {
                 if out.last().is_some_and(|s| s.0 >= *target.borrow()) {
@@ -162,6 +163,7 @@ async fn every_subscriber_gets_every_change_exactly_once(store: &TestStore) {
 }
 
 async fn resumed_subscribers_match_an_uninterrupted_one(store: &TestStore) {
+    let shape = store.watch_shape;
     const CHANGES: usize = 300;
     let mut c = store.client(ADMIN).await;
     for name in ["a", "b", "c"] {
@@ -187,7 +189,7 @@ async fn resumed_subscribers_match_an_uninterrupted_one(store: &TestStore) {
             let (mut out, mut reconnects): (Vec<Seen>, usize) = (Vec::new(), 0);
             let mut last = start;
             while out.len() < CHANGES {
-                let mut stream = watch(&mut client, from(last)).await;
+                let mut stream = watch(shape, &mut client, from(last)).await;
                 let take = rng.usize(1..40);
                 for _ in 0..take {
                     if out.len() == CHANGES {
@@ -203,7 +205,7 @@ async fn resumed_subscribers_match_an_uninterrupted_one(store: &TestStore) {
         }));
     }
     let mut reference = Vec::new();
-    let mut stream = watch(&mut c, from(start)).await;
+    let mut stream = watch(shape, &mut c, from(start)).await;
     let last = writer.await.unwrap();
     collect_until(&mut stream, last, &mut reference).await;
     assert_eq!(reference.len(), CHANGES);
@@ -216,6 +218,7 @@ async fn resumed_subscribers_match_an_uninterrupted_one(store: &TestStore) {
 }
 
 async fn initial_events_end_with_a_bookmark_and_bookmarks_follow(store: &TestStore) {
+    let shape = store.watch_shape;
     let mut c = store.client(ADMIN).await;
     for (name, env) in [("a", "prod"), ("b", "dev"), ("c", "prod")] {
         let mut g = gateway(name, "gw:1");
@@ -229,7 +232,7 @@ async fn initial_events_end_with_a_bookmark_and_bookmarks_follow(store: &TestSto
         label_selector: "env=prod".into(),
         ..Default::default()
     };
-    let mut stream = watch(&mut c, request).await;
+    let mut stream = watch(shape, &mut c, request).await;
     let first = next_event(&mut stream).await.unwrap();
     let second = next_event(&mut stream).await.unwrap();
     assert_eq!((first.r#type(), seen(&first).2.as_str()), (EventType::Added, "a"));
@@ -261,11 +264,12 @@ async fn initial_events_end_with_a_bookmark_and_bookmarks_follow(store: &TestSto
     assert_eq!(after.resource_version, meta(&prod).resource_version);
     assert!(meta(&dev).resource_version < after.resource_version);
 
-    let plain = watch(&mut c, from(0)).await;
+    let plain = watch(shape, &mut c, from(0)).await;
     drop(plain); // a watch from 0 starts now: nothing to check beyond opening.
 }
 
 async fn selectors_and_names_filter_on_the_server(store: &TestStore) {
+    let shape = store.watch_shape;
     let mut c = store.client(ADMIN).await;
     let start = listed_revision(&mut c).await;
     let selected = WatchGatewaysRequest {
@@ -273,8 +277,9 @@ async fn selectors_and_names_filter_on_the_server(store: &TestStore) {
         label_selector: "env=prod".into(),
         ..Default::default()
     };
-    let mut by_label = watch(&mut c, selected).await;
+    let mut by_label = watch(shape, &mut c, selected).await;
     let mut by_name = watch(
+        shape,
         &mut c,
         WatchGatewaysRequest { resource_version: start, name: "x".into(), ..Default::default() },
     )
@@ -350,6 +355,7 @@ async fn selectors_and_names_filter_on_the_server(store: &TestStore) {
 }
 
 async fn compacted_revisions_are_out_of_range_and_the_client_relists(store: &TestStore) {
+    let shape = store.watch_shape;
     let mut c = store.client(ADMIN).await;
     let start = listed_revision(&mut c).await;
     create(&mut c, gateway("edge", "gw:0")).await;
@@ -388,7 +394,7 @@ async fn compacted_revisions_are_out_of_range_and_the_client_relists(store: &Tes
     }
     let status = eventually_some(PATIENCE, "compaction ran", || {
         let mut c = c.clone();
-        async move { next_event(&mut watch(&mut c, from(start)).await).await.err() }
+        async move { next_event(&mut watch(shape, &mut c, from(start)).await).await.err() }
     })
     .await;
     assert_eq!(status.code(), Code::OutOfRange);
@@ -420,11 +426,12 @@ async fn compacted_revisions_are_out_of_range_and_the_client_relists(store: &Tes
 }
 
 async fn a_stalled_subscriber_is_ended_and_does_not_slow_others(store: &TestStore) {
+    let shape = store.watch_shape;
     let mut c = store.client(ADMIN).await;
     create(&mut c, gateway("edge", "gw:0")).await;
     let start = listed_revision(&mut c).await;
-    let mut stalled = watch(&mut store.client(VIEWER).await, from(start)).await;
-    let mut fast = watch(&mut store.client(VIEWER).await, from(start)).await;
+    let mut stalled = watch(shape, &mut store.client(VIEWER).await, from(start)).await;
+    let mut fast = watch(shape, &mut store.client(VIEWER).await, from(start)).await;
     let (sent_tx, mut sent_rx) =
         tokio::sync::mpsc::unbounded_channel::<(i64, tokio::time::Instant)>();
     let writer = {
@@ -496,7 +503,7 @@ async fn a_stalled_subscriber_is_ended_and_does_not_slow_others(store: &TestStor
     // than a live watcher may fall, it catches up (from the events table)
     // rather than being ended again at once, and gets every change after
     // its revision exactly once, in order.
-    let mut resumed = watch(&mut store.client(VIEWER).await, from(resume)).await;
+    let mut resumed = watch(shape, &mut store.client(VIEWER).await, from(resume)).await;
     let mut rest = Vec::new();
     collect_until(&mut resumed, last, &mut rest).await;
     let revisions: Vec<i64> = rest.iter().map(|s| s.0).collect();
@@ -510,6 +517,7 @@ fn metric(text: &str, name: &str) -> i64 {
 }
 
 async fn shutdown_flushes_and_ends_streams_with_unavailable(store: &TestStore) {
+    let shape = store.watch_shape;
     // Runs on its own store, so it can stop it.
     let own = match store.backend {
         Backend::Sqlite => TestStore::start(Backend::Sqlite).await.unwrap(),
@@ -517,7 +525,7 @@ async fn shutdown_flushes_and_ends_streams_with_unavailable(store: &TestStore) {
     };
     let mut c = own.client(ADMIN).await;
     let start = listed_revision(&mut c).await;
-    let mut stream = watch(&mut c, from(start)).await;
+    let mut stream = watch(shape, &mut c, from(start)).await;
     let created = create(&mut c, gateway("edge-shutdown", "gw:1")).await;
     own.stop().await;
     let mut changes = Vec::new();
@@ -586,6 +594,7 @@ async fn final_state(c: &mut Client) -> (BTreeMap<String, i64>, i64) {
 /// brings the listed state to the final one with every event applicable
 /// exactly once, and so does the initial-events watch from its own start.
 async fn a_paged_list_is_a_snapshot_and_the_watch_from_it_completes_it(store: &TestStore) {
+    let shape = store.watch_shape;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
     const WRITERS: usize = 4;
@@ -674,7 +683,7 @@ async fn a_paged_list_is_a_snapshot_and_the_watch_from_it_completes_it(store: &T
         pages += 1;
         if pages == 3 {
             let request = WatchGatewaysRequest { send_initial_events: true, ..Default::default() };
-            initial_watch = Some(watch(&mut store.client(VIEWER).await, request).await);
+            initial_watch = Some(watch(shape, &mut store.client(VIEWER).await, request).await);
         }
         if page.next_page_token.is_empty() {
             break;
@@ -686,7 +695,7 @@ async fn a_paged_list_is_a_snapshot_and_the_watch_from_it_completes_it(store: &T
     let revision = revision.unwrap();
     assert!(pages >= 9, "only {pages} pages");
     assert!(listed.keys().any(|n| n.starts_with("new-")), "no writer's gateway listed");
-    let mut from_list = watch(&mut c, from(revision)).await;
+    let mut from_list = watch(shape, &mut c, from(revision)).await;
     wait_for_writes(ops.load(Ordering::Relaxed) + 20).await;
     stop.store(true, Ordering::Relaxed);
     for w in writers {
@@ -871,13 +880,14 @@ on_both_backends!(
 /// A resume older than the watch cache reads the events table, page by
 /// page, then continues live without a gap.
 async fn resume_older_than_the_cache_reads_the_events_table(store: &TestStore) {
+    let shape = store.watch_shape;
     let mut c = store.client(ADMIN).await;
     create(&mut c, gateway("edge", "gw:0")).await;
     let start = listed_revision(&mut c).await;
     for i in 1..=1200 {
         set_image(&mut c, "edge", &format!("gw:{i}")).await;
     }
-    let mut stream = watch(&mut c, from(start)).await;
+    let mut stream = watch(shape, &mut c, from(start)).await;
     let mut events = Vec::new();
     let head = listed_revision(&mut c).await;
     collect_until(&mut stream, head, &mut events).await;
@@ -922,6 +932,35 @@ on_both_backends!(
         WatchSettings { cache_events: 32, subscriber_buffer: 16, ..test_watch_settings() },
 );
 
+// The same scenarios over Watch, each watch sharing its stream with
+// another: the shared test table of both watch RPCs.
+on_both_backends!(
+    sqlite_shared, postgres_shared, shape = WatchShape::Shared;
+    a_paged_list_is_a_snapshot_and_the_watch_from_it_completes_it => test_watch_settings(),
+    every_subscriber_gets_every_change_exactly_once => test_watch_settings(),
+    resumed_subscribers_match_an_uninterrupted_one => test_watch_settings(),
+    initial_events_end_with_a_bookmark_and_bookmarks_follow => test_watch_settings(),
+    selectors_and_names_filter_on_the_server => test_watch_settings(),
+    shutdown_flushes_and_ends_streams_with_unavailable => test_watch_settings(),
+);
+
+on_both_backends!(
+    sqlite_shared_small_history, postgres_shared_small_history, shape = WatchShape::Shared;
+    resume_older_than_the_cache_reads_the_events_table => small_cache(),
+    compacted_revisions_are_out_of_range_and_the_client_relists => small_history(),
+    a_stalled_subscriber_is_ended_and_does_not_slow_others =>
+        WatchSettings { cache_events: 32, subscriber_buffer: 16, ..test_watch_settings() },
+);
+
+on_both_backends!(
+    sqlite_shared_byte_budget, postgres_shared_byte_budget, shape = WatchShape::Shared;
+    a_stalled_subscriber_is_ended_and_does_not_slow_others => WatchSettings {
+        subscriber_buffer: 100_000,
+        subscriber_bytes: 256 * 1024,
+        ..test_watch_settings()
+    },
+);
+
 mod postgres_replicas {
     use super::*;
 
@@ -933,8 +972,8 @@ mod postgres_replicas {
         let b = a.replica().await;
         let (mut ca, mut cb) = (a.client(ADMIN).await, b.client(ADMIN).await);
         let start = listed_revision(&mut ca).await;
-        let mut on_a = watch(&mut ca, from(start)).await;
-        let mut on_b = watch(&mut cb, from(start)).await;
+        let mut on_a = watch(a.watch_shape, &mut ca, from(start)).await;
+        let mut on_b = watch(b.watch_shape, &mut cb, from(start)).await;
         let mut last = 0;
         for i in 0..100 {
             let (client, name) = if i % 2 == 0 {
@@ -1007,7 +1046,7 @@ mod postgres_replicas {
         let b = a.replica_with(no_polling).await;
         let (mut ca, mut cb) = (a.client(ADMIN).await, b.client(ADMIN).await);
         let start = listed_revision(&mut cb).await;
-        let mut on_b = watch(&mut cb, from(start)).await;
+        let mut on_b = watch(b.watch_shape, &mut cb, from(start)).await;
         for i in 0..5 {
             let written = create(&mut ca, gateway(&format!("notified-{i}"), "gw:1")).await;
             let revision = meta(&written).resource_version;

@@ -1464,6 +1464,292 @@ func (x *WatchGatewaysRequest) GetName() string {
 	return ""
 }
 
+// Request of Watch: start or stop one watch of the stream.
+type WatchRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Request:
+	//
+	//	*WatchRequest_Create
+	//	*WatchRequest_Cancel
+	Request       isWatchRequest_Request `protobuf_oneof:"request"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_gantry_v1_gateway_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_gantry_v1_gateway_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_gantry_v1_gateway_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *WatchRequest) GetRequest() isWatchRequest_Request {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *WatchRequest) GetCreate() *WatchCreate {
+	if x != nil {
+		if x, ok := x.Request.(*WatchRequest_Create); ok {
+			return x.Create
+		}
+	}
+	return nil
+}
+
+func (x *WatchRequest) GetCancel() *WatchCancel {
+	if x != nil {
+		if x, ok := x.Request.(*WatchRequest_Cancel); ok {
+			return x.Cancel
+		}
+	}
+	return nil
+}
+
+type isWatchRequest_Request interface {
+	isWatchRequest_Request()
+}
+
+type WatchRequest_Create struct {
+	Create *WatchCreate `protobuf:"bytes,1,opt,name=create,proto3,oneof"`
+}
+
+type WatchRequest_Cancel struct {
+	Cancel *WatchCancel `protobuf:"bytes,2,opt,name=cancel,proto3,oneof"`
+}
+
+func (*WatchRequest_Create) isWatchRequest_Request() {}
+
+func (*WatchRequest_Cancel) isWatchRequest_Request() {}
+
+// Starts a watch on the stream.
+type WatchCreate struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Chosen by the client; unique among the stream's open watches (an id
+	// may be used again once its watch ended).
+	WatchId int64 `protobuf:"varint,1,opt,name=watch_id,json=watchId,proto3" json:"watch_id,omitempty"`
+	// What to watch; unset watches every Gateway from now.
+	Watch         *WatchGatewaysRequest `protobuf:"bytes,2,opt,name=watch,proto3" json:"watch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchCreate) Reset() {
+	*x = WatchCreate{}
+	mi := &file_gantry_v1_gateway_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchCreate) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchCreate) ProtoMessage() {}
+
+func (x *WatchCreate) ProtoReflect() protoreflect.Message {
+	mi := &file_gantry_v1_gateway_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchCreate.ProtoReflect.Descriptor instead.
+func (*WatchCreate) Descriptor() ([]byte, []int) {
+	return file_gantry_v1_gateway_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *WatchCreate) GetWatchId() int64 {
+	if x != nil {
+		return x.WatchId
+	}
+	return 0
+}
+
+func (x *WatchCreate) GetWatch() *WatchGatewaysRequest {
+	if x != nil {
+		return x.Watch
+	}
+	return nil
+}
+
+// Ends a watch of the stream; its last response has `canceled` set.
+type WatchCancel struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	WatchId       int64                  `protobuf:"varint,1,opt,name=watch_id,json=watchId,proto3" json:"watch_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchCancel) Reset() {
+	*x = WatchCancel{}
+	mi := &file_gantry_v1_gateway_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchCancel) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchCancel) ProtoMessage() {}
+
+func (x *WatchCancel) ProtoReflect() protoreflect.Message {
+	mi := &file_gantry_v1_gateway_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchCancel.ProtoReflect.Descriptor instead.
+func (*WatchCancel) Descriptor() ([]byte, []int) {
+	return file_gantry_v1_gateway_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *WatchCancel) GetWatchId() int64 {
+	if x != nil {
+		return x.WatchId
+	}
+	return 0
+}
+
+// Response of Watch: about one watch of the stream.
+type WatchResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	WatchId int64                  `protobuf:"varint,1,opt,name=watch_id,json=watchId,proto3" json:"watch_id,omitempty"`
+	// The watch started; its events follow.
+	Created bool `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	// The watch ended, and no response with its id follows. `code` 0: the
+	// client cancelled it; else the status that would end a WatchGateways
+	// stream (where to resume in `details`), or why it could not start.
+	Canceled bool `protobuf:"varint,3,opt,name=canceled,proto3" json:"canceled,omitempty"`
+	// google.rpc.Code of the end.
+	Code    int32  `protobuf:"varint,4,opt,name=code,proto3" json:"code,omitempty"`
+	Message string `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	// An encoded google.rpc.Status with the error details (ErrorInfo with
+	// the reason and the revision to resume from), as a failed call's
+	// `grpc-status-details-bin` trailer.
+	Details []byte `protobuf:"bytes,6,opt,name=details,proto3" json:"details,omitempty"`
+	// Events of the watch, in revision order.
+	Events        []*WatchEvent `protobuf:"bytes,7,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchResponse) Reset() {
+	*x = WatchResponse{}
+	mi := &file_gantry_v1_gateway_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchResponse) ProtoMessage() {}
+
+func (x *WatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_gantry_v1_gateway_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchResponse.ProtoReflect.Descriptor instead.
+func (*WatchResponse) Descriptor() ([]byte, []int) {
+	return file_gantry_v1_gateway_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *WatchResponse) GetWatchId() int64 {
+	if x != nil {
+		return x.WatchId
+	}
+	return 0
+}
+
+func (x *WatchResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
+func (x *WatchResponse) GetCanceled() bool {
+	if x != nil {
+		return x.Canceled
+	}
+	return false
+}
+
+func (x *WatchResponse) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *WatchResponse) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *WatchResponse) GetDetails() []byte {
+	if x != nil {
+		return x.Details
+	}
+	return nil
+}
+
+func (x *WatchResponse) GetEvents() []*WatchEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
 // One change in the store.
 type WatchEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1483,7 +1769,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_gantry_v1_gateway_proto_msgTypes[16]
+	mi := &file_gantry_v1_gateway_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1495,7 +1781,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_gantry_v1_gateway_proto_msgTypes[16]
+	mi := &file_gantry_v1_gateway_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1508,7 +1794,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_gantry_v1_gateway_proto_rawDescGZIP(), []int{16}
+	return file_gantry_v1_gateway_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WatchEvent) GetType() EventType {
@@ -1658,7 +1944,24 @@ const file_gantry_v1_gateway_proto_rawDesc = "" +
 	"\x13send_initial_events\x18\x02 \x01(\bR\x11sendInitialEvents\x12'\n" +
 	"\x0fallow_bookmarks\x18\x03 \x01(\bR\x0eallowBookmarks\x12%\n" +
 	"\x0elabel_selector\x18\x04 \x01(\tR\rlabelSelector\x12\x12\n" +
-	"\x04name\x18\x05 \x01(\tR\x04name\"\xbd\x01\n" +
+	"\x04name\x18\x05 \x01(\tR\x04name\"}\n" +
+	"\fWatchRequest\x120\n" +
+	"\x06create\x18\x01 \x01(\v2\x16.gantry.v1.WatchCreateH\x00R\x06create\x120\n" +
+	"\x06cancel\x18\x02 \x01(\v2\x16.gantry.v1.WatchCancelH\x00R\x06cancelB\t\n" +
+	"\arequest\"_\n" +
+	"\vWatchCreate\x12\x19\n" +
+	"\bwatch_id\x18\x01 \x01(\x03R\awatchId\x125\n" +
+	"\x05watch\x18\x02 \x01(\v2\x1f.gantry.v1.WatchGatewaysRequestR\x05watch\"(\n" +
+	"\vWatchCancel\x12\x19\n" +
+	"\bwatch_id\x18\x01 \x01(\x03R\awatchId\"\xd7\x01\n" +
+	"\rWatchResponse\x12\x19\n" +
+	"\bwatch_id\x18\x01 \x01(\x03R\awatchId\x12\x18\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\x12\x1a\n" +
+	"\bcanceled\x18\x03 \x01(\bR\bcanceled\x12\x12\n" +
+	"\x04code\x18\x04 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x05 \x01(\tR\amessage\x12\x18\n" +
+	"\adetails\x18\x06 \x01(\fR\adetails\x12-\n" +
+	"\x06events\x18\a \x03(\v2\x15.gantry.v1.WatchEventR\x06events\"\xbd\x01\n" +
 	"\n" +
 	"WatchEvent\x12(\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x14.gantry.v1.EventTypeR\x04type\x12,\n" +
@@ -1690,7 +1993,7 @@ const file_gantry_v1_gateway_proto_rawDesc = "" +
 	"\x10EVENT_TYPE_ADDED\x10\x01\x12\x17\n" +
 	"\x13EVENT_TYPE_MODIFIED\x10\x02\x12\x16\n" +
 	"\x12EVENT_TYPE_DELETED\x10\x03\x12\x17\n" +
-	"\x13EVENT_TYPE_BOOKMARK\x10\x042\xbe\x03\n" +
+	"\x13EVENT_TYPE_BOOKMARK\x10\x042\xfe\x03\n" +
 	"\x0eGatewayService\x12D\n" +
 	"\rCreateGateway\x12\x1f.gantry.v1.CreateGatewayRequest\x1a\x12.gantry.v1.Gateway\x12>\n" +
 	"\n" +
@@ -1698,7 +2001,8 @@ const file_gantry_v1_gateway_proto_rawDesc = "" +
 	"\fListGateways\x12\x1e.gantry.v1.ListGatewaysRequest\x1a\x1f.gantry.v1.ListGatewaysResponse\x12D\n" +
 	"\rUpdateGateway\x12\x1f.gantry.v1.UpdateGatewayRequest\x1a\x12.gantry.v1.Gateway\x12D\n" +
 	"\rDeleteGateway\x12\x1f.gantry.v1.DeleteGatewayRequest\x1a\x12.gantry.v1.Gateway\x12I\n" +
-	"\rWatchGateways\x12\x1f.gantry.v1.WatchGatewaysRequest\x1a\x15.gantry.v1.WatchEvent0\x01B<Z:github.com/gantry-dev/gantry/clients/go/gantry/v1;gantryv1b\x06proto3"
+	"\rWatchGateways\x12\x1f.gantry.v1.WatchGatewaysRequest\x1a\x15.gantry.v1.WatchEvent0\x01\x12>\n" +
+	"\x05Watch\x12\x17.gantry.v1.WatchRequest\x1a\x18.gantry.v1.WatchResponse(\x010\x01B<Z:github.com/gantry-dev/gantry/clients/go/gantry/v1;gantryv1b\x06proto3"
 
 var (
 	file_gantry_v1_gateway_proto_rawDescOnce sync.Once
@@ -1713,7 +2017,7 @@ func file_gantry_v1_gateway_proto_rawDescGZIP() []byte {
 }
 
 var file_gantry_v1_gateway_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_gantry_v1_gateway_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_gantry_v1_gateway_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_gantry_v1_gateway_proto_goTypes = []any{
 	(Phase)(0),                    // 0: gantry.v1.Phase
 	(ConditionStatus)(0),          // 1: gantry.v1.ConditionStatus
@@ -1735,60 +2039,70 @@ var file_gantry_v1_gateway_proto_goTypes = []any{
 	(*UpdateGatewayRequest)(nil),  // 17: gantry.v1.UpdateGatewayRequest
 	(*DeleteGatewayRequest)(nil),  // 18: gantry.v1.DeleteGatewayRequest
 	(*WatchGatewaysRequest)(nil),  // 19: gantry.v1.WatchGatewaysRequest
-	(*WatchEvent)(nil),            // 20: gantry.v1.WatchEvent
-	nil,                           // 21: gantry.v1.ObjectMeta.LabelsEntry
-	nil,                           // 22: gantry.v1.ObjectMeta.AnnotationsEntry
-	nil,                           // 23: gantry.v1.GatewaySpec.ConfigEntry
-	nil,                           // 24: gantry.v1.ResourceRequirements.RequestsEntry
-	nil,                           // 25: gantry.v1.ResourceRequirements.LimitsEntry
-	(*timestamppb.Timestamp)(nil), // 26: google.protobuf.Timestamp
-	(*fieldmaskpb.FieldMask)(nil), // 27: google.protobuf.FieldMask
+	(*WatchRequest)(nil),          // 20: gantry.v1.WatchRequest
+	(*WatchCreate)(nil),           // 21: gantry.v1.WatchCreate
+	(*WatchCancel)(nil),           // 22: gantry.v1.WatchCancel
+	(*WatchResponse)(nil),         // 23: gantry.v1.WatchResponse
+	(*WatchEvent)(nil),            // 24: gantry.v1.WatchEvent
+	nil,                           // 25: gantry.v1.ObjectMeta.LabelsEntry
+	nil,                           // 26: gantry.v1.ObjectMeta.AnnotationsEntry
+	nil,                           // 27: gantry.v1.GatewaySpec.ConfigEntry
+	nil,                           // 28: gantry.v1.ResourceRequirements.RequestsEntry
+	nil,                           // 29: gantry.v1.ResourceRequirements.LimitsEntry
+	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
+	(*fieldmaskpb.FieldMask)(nil), // 31: google.protobuf.FieldMask
 }
 var file_gantry_v1_gateway_proto_depIdxs = []int32{
 	5,  // 0: gantry.v1.Gateway.metadata:type_name -> gantry.v1.ObjectMeta
 	6,  // 1: gantry.v1.Gateway.spec:type_name -> gantry.v1.GatewaySpec
 	10, // 2: gantry.v1.Gateway.status:type_name -> gantry.v1.GatewayStatus
-	26, // 3: gantry.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
-	26, // 4: gantry.v1.ObjectMeta.update_time:type_name -> google.protobuf.Timestamp
-	26, // 5: gantry.v1.ObjectMeta.delete_time:type_name -> google.protobuf.Timestamp
-	21, // 6: gantry.v1.ObjectMeta.labels:type_name -> gantry.v1.ObjectMeta.LabelsEntry
-	22, // 7: gantry.v1.ObjectMeta.annotations:type_name -> gantry.v1.ObjectMeta.AnnotationsEntry
+	30, // 3: gantry.v1.ObjectMeta.create_time:type_name -> google.protobuf.Timestamp
+	30, // 4: gantry.v1.ObjectMeta.update_time:type_name -> google.protobuf.Timestamp
+	30, // 5: gantry.v1.ObjectMeta.delete_time:type_name -> google.protobuf.Timestamp
+	25, // 6: gantry.v1.ObjectMeta.labels:type_name -> gantry.v1.ObjectMeta.LabelsEntry
+	26, // 7: gantry.v1.ObjectMeta.annotations:type_name -> gantry.v1.ObjectMeta.AnnotationsEntry
 	7,  // 8: gantry.v1.GatewaySpec.route:type_name -> gantry.v1.Route
 	8,  // 9: gantry.v1.GatewaySpec.oidc:type_name -> gantry.v1.Oidc
-	23, // 10: gantry.v1.GatewaySpec.config:type_name -> gantry.v1.GatewaySpec.ConfigEntry
+	27, // 10: gantry.v1.GatewaySpec.config:type_name -> gantry.v1.GatewaySpec.ConfigEntry
 	9,  // 11: gantry.v1.GatewaySpec.resources:type_name -> gantry.v1.ResourceRequirements
-	24, // 12: gantry.v1.ResourceRequirements.requests:type_name -> gantry.v1.ResourceRequirements.RequestsEntry
-	25, // 13: gantry.v1.ResourceRequirements.limits:type_name -> gantry.v1.ResourceRequirements.LimitsEntry
+	28, // 12: gantry.v1.ResourceRequirements.requests:type_name -> gantry.v1.ResourceRequirements.RequestsEntry
+	29, // 13: gantry.v1.ResourceRequirements.limits:type_name -> gantry.v1.ResourceRequirements.LimitsEntry
 	0,  // 14: gantry.v1.GatewayStatus.phase:type_name -> gantry.v1.Phase
 	11, // 15: gantry.v1.GatewayStatus.conditions:type_name -> gantry.v1.Condition
 	12, // 16: gantry.v1.GatewayStatus.provisioning:type_name -> gantry.v1.ProvisioningStep
-	26, // 17: gantry.v1.GatewayStatus.next_retry_time:type_name -> google.protobuf.Timestamp
+	30, // 17: gantry.v1.GatewayStatus.next_retry_time:type_name -> google.protobuf.Timestamp
 	1,  // 18: gantry.v1.Condition.status:type_name -> gantry.v1.ConditionStatus
-	26, // 19: gantry.v1.Condition.last_transition_time:type_name -> google.protobuf.Timestamp
+	30, // 19: gantry.v1.Condition.last_transition_time:type_name -> google.protobuf.Timestamp
 	2,  // 20: gantry.v1.ProvisioningStep.state:type_name -> gantry.v1.StepState
 	4,  // 21: gantry.v1.CreateGatewayRequest.gateway:type_name -> gantry.v1.Gateway
 	4,  // 22: gantry.v1.ListGatewaysResponse.gateways:type_name -> gantry.v1.Gateway
 	4,  // 23: gantry.v1.UpdateGatewayRequest.gateway:type_name -> gantry.v1.Gateway
-	27, // 24: gantry.v1.UpdateGatewayRequest.update_mask:type_name -> google.protobuf.FieldMask
-	3,  // 25: gantry.v1.WatchEvent.type:type_name -> gantry.v1.EventType
-	4,  // 26: gantry.v1.WatchEvent.gateway:type_name -> gantry.v1.Gateway
-	13, // 27: gantry.v1.GatewayService.CreateGateway:input_type -> gantry.v1.CreateGatewayRequest
-	14, // 28: gantry.v1.GatewayService.GetGateway:input_type -> gantry.v1.GetGatewayRequest
-	15, // 29: gantry.v1.GatewayService.ListGateways:input_type -> gantry.v1.ListGatewaysRequest
-	17, // 30: gantry.v1.GatewayService.UpdateGateway:input_type -> gantry.v1.UpdateGatewayRequest
-	18, // 31: gantry.v1.GatewayService.DeleteGateway:input_type -> gantry.v1.DeleteGatewayRequest
-	19, // 32: gantry.v1.GatewayService.WatchGateways:input_type -> gantry.v1.WatchGatewaysRequest
-	4,  // 33: gantry.v1.GatewayService.CreateGateway:output_type -> gantry.v1.Gateway
-	4,  // 34: gantry.v1.GatewayService.GetGateway:output_type -> gantry.v1.Gateway
-	16, // 35: gantry.v1.GatewayService.ListGateways:output_type -> gantry.v1.ListGatewaysResponse
-	4,  // 36: gantry.v1.GatewayService.UpdateGateway:output_type -> gantry.v1.Gateway
-	4,  // 37: gantry.v1.GatewayService.DeleteGateway:output_type -> gantry.v1.Gateway
-	20, // 38: gantry.v1.GatewayService.WatchGateways:output_type -> gantry.v1.WatchEvent
-	33, // [33:39] is the sub-list for method output_type
-	27, // [27:33] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	31, // 24: gantry.v1.UpdateGatewayRequest.update_mask:type_name -> google.protobuf.FieldMask
+	21, // 25: gantry.v1.WatchRequest.create:type_name -> gantry.v1.WatchCreate
+	22, // 26: gantry.v1.WatchRequest.cancel:type_name -> gantry.v1.WatchCancel
+	19, // 27: gantry.v1.WatchCreate.watch:type_name -> gantry.v1.WatchGatewaysRequest
+	24, // 28: gantry.v1.WatchResponse.events:type_name -> gantry.v1.WatchEvent
+	3,  // 29: gantry.v1.WatchEvent.type:type_name -> gantry.v1.EventType
+	4,  // 30: gantry.v1.WatchEvent.gateway:type_name -> gantry.v1.Gateway
+	13, // 31: gantry.v1.GatewayService.CreateGateway:input_type -> gantry.v1.CreateGatewayRequest
+	14, // 32: gantry.v1.GatewayService.GetGateway:input_type -> gantry.v1.GetGatewayRequest
+	15, // 33: gantry.v1.GatewayService.ListGateways:input_type -> gantry.v1.ListGatewaysRequest
+	17, // 34: gantry.v1.GatewayService.UpdateGateway:input_type -> gantry.v1.UpdateGatewayRequest
+	18, // 35: gantry.v1.GatewayService.DeleteGateway:input_type -> gantry.v1.DeleteGatewayRequest
+	19, // 36: gantry.v1.GatewayService.WatchGateways:input_type -> gantry.v1.WatchGatewaysRequest
+	20, // 37: gantry.v1.GatewayService.Watch:input_type -> gantry.v1.WatchRequest
+	4,  // 38: gantry.v1.GatewayService.CreateGateway:output_type -> gantry.v1.Gateway
+	4,  // 39: gantry.v1.GatewayService.GetGateway:output_type -> gantry.v1.Gateway
+	16, // 40: gantry.v1.GatewayService.ListGateways:output_type -> gantry.v1.ListGatewaysResponse
+	4,  // 41: gantry.v1.GatewayService.UpdateGateway:output_type -> gantry.v1.Gateway
+	4,  // 42: gantry.v1.GatewayService.DeleteGateway:output_type -> gantry.v1.Gateway
+	24, // 43: gantry.v1.GatewayService.WatchGateways:output_type -> gantry.v1.WatchEvent
+	23, // 44: gantry.v1.GatewayService.Watch:output_type -> gantry.v1.WatchResponse
+	38, // [38:45] is the sub-list for method output_type
+	31, // [31:38] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_gantry_v1_gateway_proto_init() }
@@ -1797,13 +2111,17 @@ func file_gantry_v1_gateway_proto_init() {
 		return
 	}
 	file_gantry_v1_gateway_proto_msgTypes[2].OneofWrappers = []any{}
+	file_gantry_v1_gateway_proto_msgTypes[16].OneofWrappers = []any{
+		(*WatchRequest_Create)(nil),
+		(*WatchRequest_Cancel)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_gantry_v1_gateway_proto_rawDesc), len(file_gantry_v1_gateway_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   22,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,6 +25,7 @@ const (
 	GatewayService_UpdateGateway_FullMethodName = "/gantry.v1.GatewayService/UpdateGateway"
 	GatewayService_DeleteGateway_FullMethodName = "/gantry.v1.GatewayService/DeleteGateway"
 	GatewayService_WatchGateways_FullMethodName = "/gantry.v1.GatewayService/WatchGateways"
+	GatewayService_Watch_FullMethodName         = "/gantry.v1.GatewayService/Watch"
 )
 
 // GatewayServiceClient is the client API for GatewayService service.
@@ -54,6 +55,14 @@ type GatewayServiceClient interface {
 	DeleteGateway(ctx context.Context, in *DeleteGatewayRequest, opts ...grpc.CallOption) (*Gateway, error)
 	// Streams every change after `resource_version`, in revision order.
 	WatchGateways(ctx context.Context, in *WatchGatewaysRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchEvent], error)
+	// Many watches on one stream, as etcd's Watch: the client creates and
+	// cancels watches by ids it chooses, and every response names its watch.
+	// Each watch delivers what a WatchGateways stream with the same request
+	// would, in the same order, and ends with the status that would end that
+	// stream; responses of different watches interleave. The stream stays
+	// open while the client can still send or a watch is open: a client that
+	// sent its creates may close its side and keep reading.
+	Watch(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[WatchRequest, WatchResponse], error)
 }
 
 type gatewayServiceClient struct {
@@ -133,6 +142,19 @@ func (c *gatewayServiceClient) WatchGateways(ctx context.Context, in *WatchGatew
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type GatewayService_WatchGatewaysClient = grpc.ServerStreamingClient[WatchEvent]
 
+func (c *gatewayServiceClient) Watch(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[WatchRequest, WatchResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &GatewayService_ServiceDesc.Streams[1], GatewayService_Watch_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchRequest, WatchResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type GatewayService_WatchClient = grpc.BidiStreamingClient[WatchRequest, WatchResponse]
+
 // GatewayServiceServer is the server API for GatewayService service.
 // All implementations must embed UnimplementedGatewayServiceServer
 // for forward compatibility.
@@ -160,6 +182,14 @@ type GatewayServiceServer interface {
 	DeleteGateway(context.Context, *DeleteGatewayRequest) (*Gateway, error)
 	// Streams every change after `resource_version`, in revision order.
 	WatchGateways(*WatchGatewaysRequest, grpc.ServerStreamingServer[WatchEvent]) error
+	// Many watches on one stream, as etcd's Watch: the client creates and
+	// cancels watches by ids it chooses, and every response names its watch.
+	// Each watch delivers what a WatchGateways stream with the same request
+	// would, in the same order, and ends with the status that would end that
+	// stream; responses of different watches interleave. The stream stays
+	// open while the client can still send or a watch is open: a client that
+	// sent its creates may close its side and keep reading.
+	Watch(grpc.BidiStreamingServer[WatchRequest, WatchResponse]) error
 	mustEmbedUnimplementedGatewayServiceServer()
 }
 
@@ -187,6 +217,9 @@ func (UnimplementedGatewayServiceServer) DeleteGateway(context.Context, *DeleteG
 }
 func (UnimplementedGatewayServiceServer) WatchGateways(*WatchGatewaysRequest, grpc.ServerStreamingServer[WatchEvent]) error {
 	return status.Error(codes.Unimplemented, "method WatchGateways not implemented")
+}
+func (UnimplementedGatewayServiceServer) Watch(grpc.BidiStreamingServer[WatchRequest, WatchResponse]) error {
+	return status.Error(codes.Unimplemented, "method Watch not implemented")
 }
 func (UnimplementedGatewayServiceServer) mustEmbedUnimplementedGatewayServiceServer() {}
 func (UnimplementedGatewayServiceServer) testEmbeddedByValue()                        {}
@@ -310,6 +343,13 @@ func _GatewayService_WatchGateways_Handler(srv interface{}, stream grpc.ServerSt
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type GatewayService_WatchGatewaysServer = grpc.ServerStreamingServer[WatchEvent]
 
+func _GatewayService_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(GatewayServiceServer).Watch(&grpc.GenericServerStream[WatchRequest, WatchResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type GatewayService_WatchServer = grpc.BidiStreamingServer[WatchRequest, WatchResponse]
+
 // GatewayService_ServiceDesc is the grpc.ServiceDesc for GatewayService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -343,6 +383,12 @@ var GatewayService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "WatchGateways",
 			Handler:       _GatewayService_WatchGateways_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "Watch",
+			Handler:       _GatewayService_Watch_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "gantry/v1/gateway.proto",

@@ -6,7 +6,7 @@
 //! Domain errors become `tonic::Status` here and nowhere below ([`errors`]).
 //!
 //! ```text
-//! request ─► observe ─► auth (token → identity → role) ─► create | get | list | update | delete | watch
+//! request ─► observe ─► auth (token → identity → role) ─► create | get | list | update | delete | watch | shared_watch
 //!                                                 │ writer.mutate   │ storage   │ watch::stream
 //! ```
 //!
@@ -24,6 +24,7 @@ pub mod list;
 pub mod observe;
 mod page_token;
 pub mod rate_limit;
+mod shared_watch;
 mod update;
 pub mod watch;
 pub mod watch_quota;
@@ -34,13 +35,14 @@ use std::time::SystemTime;
 use gantry_api::v1::gateway_service_server::GatewayService;
 use gantry_api::v1::{
     CreateGatewayRequest, DeleteGatewayRequest, Gateway, GetGatewayRequest, ListGatewaysRequest,
-    ListGatewaysResponse, UpdateGatewayRequest, WatchGatewaysRequest,
+    ListGatewaysResponse, UpdateGatewayRequest, WatchGatewaysRequest, WatchRequest,
 };
 use gantry_core::Role;
 use prost_types::Timestamp;
 use tonic::{Request, Response, Status};
 
 use self::fairness::{AnswerSeat, Fairness, Seat};
+use self::shared_watch::SharedWatchStream;
 use self::watch::WatchStream;
 use self::watch_quota::WatchQuota;
 use crate::auth::{Auth, Credentials, Principal};
@@ -173,7 +175,32 @@ impl GatewayService for GatewayApi {
         let stream = watch::start(self.watch.clone(), &request, slot.budget.clone()).await?;
         // Streaming, the watch no longer holds a seat.
         drop(seat);
-        let caller = watch::Caller { metadata, certificates, _slot: slot };
+        let caller = watch::Caller { metadata, certificates, _slot: Some(slot) };
         Ok(Response::new(watch::while_authenticated(stream, self.auth.clone(), caller)))
+    }
+
+    type WatchStream = SharedWatchStream;
+
+    async fn watch(
+        &self,
+        request: Request<tonic::Streaming<WatchRequest>>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        // Each watch of the stream takes a seat while it starts.
+        let principal = self.authenticate(&request).await?;
+        let (metadata, certificates) = (request.metadata().clone(), request.peer_certs());
+        tracing::debug!(subject = %principal.subject, "shared watch stream opened");
+        let starter = shared_watch::Starter {
+            watch: self.watch.clone(),
+            quota: self.watch_quota.clone(),
+            fairness: self.fairness.clone(),
+            principal,
+        };
+        let caller = watch::Caller { metadata, certificates, _slot: None };
+        Ok(Response::new(shared_watch::serve(
+            starter,
+            request.into_inner(),
+            self.auth.clone(),
+            caller,
+        )))
     }
 }

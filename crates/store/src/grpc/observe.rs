@@ -38,13 +38,14 @@ pub const REFUSALS_LOGGED_PER_SECOND: u32 = 10;
 /// The API's methods: the only values of the `method` label (a path that
 /// names none of them is passed through unobserved; tonic answers
 /// UNIMPLEMENTED).
-const METHODS: [&str; 6] = [
+const METHODS: [&str; 7] = [
     "CreateGateway",
     "GetGateway",
     "ListGateways",
     "UpdateGateway",
     "DeleteGateway",
     "WatchGateways",
+    "Watch",
 ];
 
 /// Wraps a gRPC service in [`Observe`] (see the module doc).

@@ -100,8 +100,9 @@ fn end_status(end: WatchEnd) -> Status {
 pub(super) struct Caller {
     pub metadata: tonic::metadata::MetadataMap,
     pub certificates: Option<Arc<Vec<rustls::pki_types::CertificateDer<'static>>>>,
-    /// Its identity's watch slot, given back when the stream ends.
-    pub _slot: super::watch_quota::WatchSlot,
+    /// Its identity's watch slot, given back when the stream ends (a Watch
+    /// stream's watches hold one each).
+    pub _slot: Option<super::watch_quota::WatchSlot>,
 }
 
 impl Caller {
@@ -116,11 +117,11 @@ impl Caller {
 /// Ends `stream` with UNAUTHENTICATED once the token that opened it
 /// expires or is removed from the tokens file (or PERMISSION_DENIED once
 /// its binding is).
-pub(super) fn while_authenticated(
-    stream: WatchStream,
+pub(super) fn while_authenticated<T: Send + 'static>(
+    stream: Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>,
     auth: Arc<Auth>,
     caller: Caller,
-) -> WatchStream {
+) -> Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>> {
     let reloads = auth.reloads();
     let state = Some((stream, reloads, auth, caller));
     Box::pin(futures_util::stream::unfold(state, |state| async move {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gantry_api::v1::gateway_service_client::GatewayServiceClient;
-use gantry_api::v1::{CreateGatewayRequest, Gateway, ObjectMeta};
+use gantry_api::v1::{CreateGatewayRequest, Gateway, ObjectMeta, WatchEvent, WatchGatewaysRequest};
 use gantry_store::auth::{Auth, Authenticator};
 use gantry_store::storage::Storage;
 use gantry_store::{Settings, WatchSettings};
@@ -40,6 +40,45 @@ pub struct TestStore {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
     pub database: Arc<TestDatabase>,
+    /// The RPC the watch scenarios open their watches with.
+    pub watch_shape: WatchShape,
+}
+
+/// The RPC a watch scenario runs over: the watch tests are one table run
+/// over both.
+#[derive(Debug, Clone, Copy, Default)]
+pub enum WatchShape {
+    /// WatchGateways: one stream per watch.
+    #[default]
+    Single,
+    /// Watch: the watch shares its stream with a second watch of the same
+    /// request, read all along, so that every scenario also runs with
+    /// another watch's responses interleaved with its own.
+    Shared,
+}
+
+/// A watch's events, from either RPC.
+pub type Events =
+    std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<WatchEvent, Status>> + Send>>;
+
+impl WatchShape {
+    /// A watch of `request` over this shape's RPC, or the status it was
+    /// refused with.
+    pub async fn open(self, c: &Client, request: WatchGatewaysRequest) -> Result<Events, Status> {
+        match self {
+            WatchShape::Single => {
+                Ok(Box::pin(c.clone().watch_gateways(request).await?.into_inner()))
+            }
+            WatchShape::Shared => {
+                let shared = gantry_client::shared_watch::SharedWatch::open(c.clone()).await?;
+                let mut companion = shared.watch(request.clone()).await?;
+                tokio::spawn(async move {
+                    while tokio_stream::StreamExt::next(&mut companion).await.is_some() {}
+                });
+                Ok(Box::pin(shared.watch(request).await?))
+            }
+        }
+    }
 }
 
 impl TestStore {
@@ -118,6 +157,7 @@ impl TestStore {
             stop: Some(stop),
             task: Some(task),
             database,
+            watch_shape: WatchShape::Single,
         }
     }
 
@@ -246,6 +286,9 @@ macro_rules! on_both_backends {
         $crate::on_both_backends!(sqlite, postgres; $($scenario => $crate::common::test_watch_settings()),*);
     };
     ($sqlite:ident, $postgres:ident; $($scenario:ident => $settings:expr),* $(,)?) => {
+        $crate::on_both_backends!($sqlite, $postgres, shape = $crate::common::WatchShape::Single; $($scenario => $settings),*);
+    };
+    ($sqlite:ident, $postgres:ident, shape = $shape:expr; $($scenario:ident => $settings:expr),* $(,)?) => {
         mod $sqlite {
             #[allow(unused_imports)]
             use super::*;
@@ -253,7 +296,8 @@ macro_rules! on_both_backends {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $scenario() {
                     let backend = $crate::common::Backend::Sqlite;
-                    let store = $crate::common::TestStore::start_with(backend, $settings).await.unwrap();
+                    let mut store = $crate::common::TestStore::start_with(backend, $settings).await.unwrap();
+                    store.watch_shape = $shape;
                     super::$scenario(&store).await;
                     store.stop().await;
                 }
@@ -266,9 +310,10 @@ macro_rules! on_both_backends {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $scenario() {
                     let backend = $crate::common::Backend::Postgres;
-                    let Some(store) = $crate::common::TestStore::start_with(backend, $settings).await else {
+                    let Some(mut store) = $crate::common::TestStore::start_with(backend, $settings).await else {
                         return;
                     };
+                    store.watch_shape = $shape;
                     super::$scenario(&store).await;
                     store.stop().await;
                 }

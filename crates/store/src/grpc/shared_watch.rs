@@ -1,0 +1,242 @@
+//! Watch: many watches on one bidirectional stream, as etcd's Watch. The
+//! client creates and cancels watches by ids it chooses; each watch is the
+//! same event stream WatchGateways would give ([`super::watch::start`]),
+//! so the two RPCs cannot differ in what they deliver.
+//!
+//! One connection then costs one HTTP/2 stream however many watches it
+//! holds, and the events one write sends to its watches are encoded into
+//! one buffer and leave in as few DATA frames as their size allows (tonic
+//! writes every response that is ready before it yields the buffer).
+//!
+//! The watches are polled through a [`SelectAll`], which polls only those
+//! that were woken: a write that concerns one watch of a thousand costs
+//! one poll.
+
+use std::collections::{HashMap, VecDeque};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures_util::stream::{self, SelectAll};
+use futures_util::StreamExt as _;
+use gantry_api::v1::watch_request::Request as Ask;
+use gantry_api::v1::{WatchCreate, WatchRequest, WatchResponse};
+use tokio::sync::oneshot;
+use tokio_stream::Stream;
+use tonic::{Status, Streaming};
+
+use super::fairness::Fairness;
+use super::watch::{self, Caller};
+use super::watch_quota::WatchQuota;
+use crate::auth::{Auth, Principal};
+use crate::watch::stream::WatchContext;
+
+/// Responses of one Watch stream.
+pub type SharedWatchStream =
+    Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send + 'static>>;
+
+/// What starting one watch needs: the store's side and the caller's.
+#[derive(Clone)]
+pub(super) struct Starter {
+    pub watch: WatchContext,
+    pub quota: Arc<WatchQuota>,
+    pub fairness: Arc<Fairness>,
+    pub principal: Principal,
+}
+
+/// Serves the Watch stream whose requests are `requests`, ended once the
+/// caller's credentials are no longer valid (as a single watch is).
+pub(super) fn serve(
+    starter: Starter,
+    requests: Streaming<WatchRequest>,
+    auth: Arc<Auth>,
+    caller: Caller,
+) -> SharedWatchStream {
+    let shared = Shared {
+        stopping: Box::pin(starter.watch.shutdown.wait()),
+        requests: Some(requests),
+        watches: SelectAll::new(),
+        open: HashMap::new(),
+        answers: VecDeque::new(),
+        starter,
+    };
+    watch::while_authenticated(Box::pin(shared), auth, caller)
+}
+
+type OneWatch = Pin<Box<dyn Stream<Item = WatchResponse> + Send + 'static>>;
+
+/// The state of one Watch stream.
+struct Shared {
+    /// The store stops: no watch starts any more, and the stream ends once
+    /// its watches have delivered what was committed and ended.
+    stopping: Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    /// `None` once the client closed its side or the store stops.
+    requests: Option<Streaming<WatchRequest>>,
+    watches: SelectAll<OneWatch>,
+    /// Open watches by id; dropping the sender ends the watch.
+    open: HashMap<i64, oneshot::Sender<()>>,
+    /// Answers to requests, sent before further events.
+    answers: VecDeque<WatchResponse>,
+    starter: Starter,
+}
+
+impl Shared {
+    fn handle(&mut self, request: WatchRequest) -> Result<(), Status> {
+        match request.request {
+            Some(Ask::Create(create)) => self.create(create),
+            Some(Ask::Cancel(cancel)) => {
+                let id = cancel.watch_id;
+                let answer = if self.open.remove(&id).is_some() {
+                    WatchResponse { watch_id: id, canceled: true, ..Default::default() }
+                } else {
+                    ended(id, &Status::not_found(format!("no open watch {id} on this stream")))
+                };
+                self.answers.push_back(answer);
+            }
+            None => {
+                return Err(super::errors::invalid(
+                    "request",
+                    "a WatchRequest carries create or cancel",
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    fn create(&mut self, create: WatchCreate) {
+        let id = create.watch_id;
+        if self.open.contains_key(&id) {
+            let status = Status::already_exists(format!(
+                "watch_id {id} is already open on this stream; cancel it or choose another id"
+            ));
+            self.answers.push_back(ended(id, &status));
+            return;
+        }
+        let request = create.watch.unwrap_or_default();
+        if let Err(status) = watch::params(&request) {
+            self.answers.push_back(ended(id, &status));
+            return;
+        }
+        let slot = match self.starter.quota.acquire(&self.starter.principal.subject) {
+            Ok(slot) => slot,
+            Err(status) => {
+                self.answers.push_back(ended(id, &status));
+                return;
+            }
+        };
+        let (cancel, canceled) = oneshot::channel();
+        self.open.insert(id, cancel);
+        let starter = self.starter.clone();
+        let started = async move {
+            let principal = &starter.principal;
+            let seat = starter.fairness.admit(&principal.subject, principal.role, 1).await?;
+            let events = watch::start(starter.watch, &request, slot.budget.clone()).await?;
+            drop(seat);
+            // The slot is given back when the watch's stream is dropped.
+            Ok::<_, Status>(events.map(move |event| {
+                let _held = &slot;
+                event
+            }))
+        };
+        let responses = stream::once(started).flat_map(move |started| match started {
+            Ok(events) => {
+                let created = WatchResponse { watch_id: id, created: true, ..Default::default() };
+                let events = events.scan(false, move |over, event| {
+                    if *over {
+                        return std::future::ready(None);
+                    }
+                    let response = match event {
+                        Ok(event) => WatchResponse {
+                            watch_id: id,
+                            events: vec![event],
+                            ..Default::default()
+                        },
+                        Err(status) => {
+                            *over = true;
+                            ended(id, &status)
+                        }
+                    };
+                    std::future::ready(Some(response))
+                });
+                futures_util::future::Either::Left(
+                    stream::once(async move { created }).chain(events),
+                )
+            }
+            Err(status) => {
+                futures_util::future::Either::Right(stream::once(async move { ended(id, &status) }))
+            }
+        });
+        self.watches.push(Box::pin(responses.take_until(canceled)));
+    }
+}
+
+/// The last response of watch `id`, ended by `status`.
+fn ended(id: i64, status: &Status) -> WatchResponse {
+    WatchResponse {
+        watch_id: id,
+        canceled: true,
+        code: status.code() as i32,
+        message: status.message().to_string(),
+        details: status.details().to_vec(),
+        events: Vec::new(),
+        created: false,
+    }
+}
+
+impl Stream for Shared {
+    type Item = Result<WatchResponse, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if let Some(answer) = this.answers.pop_front() {
+                return Poll::Ready(Some(Ok(answer)));
+            }
+            let Some(requests) = this.requests.as_mut() else { break };
+            if this.stopping.as_mut().poll(cx).is_ready() {
+                this.requests = None;
+                break;
+            }
+            match requests.poll_next_unpin(cx) {
+                Poll::Ready(Some(Ok(request))) => {
+                    if let Err(status) = this.handle(request) {
+                        this.requests = None;
+                        return Poll::Ready(Some(Err(status)));
+                    }
+                }
+                Poll::Ready(Some(Err(status))) => {
+                    this.requests = None;
+                    return Poll::Ready(Some(Err(status)));
+                }
+                Poll::Ready(None) => this.requests = None,
+                Poll::Pending => break,
+            }
+        }
+        match this.watches.poll_next_unpin(cx) {
+            Poll::Ready(Some(response)) => {
+                if response.canceled {
+                    this.open.remove(&response.watch_id);
+                }
+                Poll::Ready(Some(Ok(response)))
+            }
+            // No watch open: the stream ends once the client can open none.
+            Poll::Ready(None) if this.requests.is_none() => Poll::Ready(None),
+            Poll::Ready(None) | Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    #[test]
+    fn an_ended_watch_carries_the_status_that_would_end_a_single_watch() {
+        let status = Status::out_of_range("compacted");
+        let response = ended(7, &status);
+        assert!(response.canceled && !response.created);
+        assert_eq!((response.watch_id, response.code), (7, Code::OutOfRange as i32));
+        assert_eq!(response.message, "compacted");
+    }
+}
