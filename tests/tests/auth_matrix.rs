@@ -14,6 +14,7 @@ use gantry_api::v1::{
     CreateGatewayRequest, DeleteGatewayRequest, Gateway, GatewayStatus, GetGatewayRequest,
     ListGatewaysRequest, Phase, UpdateGatewayRequest, WatchGatewaysRequest,
 };
+use gantry_client::shared_watch::SharedWatch;
 use gantry_client::{ClientConfig, GatewayClient};
 use gantry_testkit::gateway::gateway;
 use gantry_testkit::k8s::ControlPlane;
@@ -122,6 +123,8 @@ enum Rpc {
     Get,
     List,
     Watch,
+    /// A watch on a Watch stream (several watches on one stream).
+    SharedWatch,
     UpdateSpec,
     UpdateLabels,
     UpdateAnnotations,
@@ -131,11 +134,12 @@ enum Rpc {
 }
 
 /// Every call, and every column of the README's role table.
-const RPCS: [Rpc; 10] = [
+const RPCS: [Rpc; 11] = [
     Rpc::Create,
     Rpc::Get,
     Rpc::List,
     Rpc::Watch,
+    Rpc::SharedWatch,
     Rpc::UpdateSpec,
     Rpc::UpdateLabels,
     Rpc::UpdateAnnotations,
@@ -167,7 +171,7 @@ fn expected(rpc: Rpc, credential: Credential) -> Code {
         _ => return Code::Unauthenticated,
     };
     let allowed = match rpc {
-        Rpc::Get | Rpc::List | Rpc::Watch => true,
+        Rpc::Get | Rpc::List | Rpc::Watch | Rpc::SharedWatch => true,
         Rpc::Create
         | Rpc::Delete
         | Rpc::UpdateSpec
@@ -219,6 +223,13 @@ async fn call(
         Rpc::Get => code(client.get_gateway(GetGatewayRequest { name }).await.map(drop)),
         Rpc::List => code(client.list_gateways(ListGatewaysRequest::default()).await.map(drop)),
         Rpc::Watch => code(client.watch_gateways(WatchGatewaysRequest::default()).await.map(drop)),
+        Rpc::SharedWatch => {
+            let shared = SharedWatch::open(client.clone()).await;
+            match shared {
+                Ok(shared) => code(shared.watch(WatchGatewaysRequest::default()).await.map(drop)),
+                Err(status) => status.code(),
+            }
+        }
         Rpc::UpdateSpec => code(
             client
                 .update_gateway(UpdateGatewayRequest {
@@ -289,7 +300,7 @@ async fn call(
     let rv = |g: &Option<Gateway>| {
         g.as_ref().and_then(|g| g.metadata.as_ref()).map(|m| m.resource_version)
     };
-    let writes = !matches!(rpc, Rpc::Get | Rpc::List | Rpc::Watch);
+    let writes = !matches!(rpc, Rpc::Get | Rpc::List | Rpc::Watch | Rpc::SharedWatch);
     if writes && answered != Code::Ok {
         assert_eq!(
             rv(&before),
