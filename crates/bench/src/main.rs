@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 
 use crate::args::{Args, ClusterKind, Scenario};
 use crate::reconciling::{converge, idle, scale};
-use crate::versus::{read, versus_row, watch, write, Pace, System};
+use crate::versus::{read, versus_row, watch, write, Carry, Pace, System};
 
 /// kube-fake runs in this process and holds every object of a scale run
 /// (gigabytes of small JSON values); glibc's malloc spent over half of its
@@ -69,9 +69,8 @@ async fn run(args: &Args, scenario: Scenario) -> anyhow::Result<Vec<Value>> {
             };
             for (watchers, connections, pace) in runs {
                 let duration = secs(if quick { 2 } else { 10 });
-                out.push(
-                    watch(args, System::Gantry, *watchers, *connections, *pace, duration).await?,
-                );
+                let shape = (*watchers, *connections, Carry::StreamEach);
+                out.push(watch(args, System::Gantry, shape, *pace, duration).await?);
             }
         }
         Scenario::Versus => out.extend(versus(args).await?),
@@ -161,25 +160,32 @@ async fn versus(args: &Args) -> anyhow::Result<Vec<Value>> {
     // out; gantry does not), so events/s compares fan-out capacity
     // but latencies cover different loads; paced below both
     // capacities, both deliver the same events and latencies
-    // compare.
-    let runs: &[(usize, usize, Pace)] = if quick {
-        &[(100, 100, Pace::BackToBack), (100, 10, Pace::BackToBack)]
+    // compare. Shared: the watches of a connection share one stream
+    // (gantry's Watch; etcd's Watch with a create per watch, as its Go
+    // client does); else one stream each.
+    let (each, shared) = (Carry::StreamEach, Carry::Shared);
+    let runs: &[(usize, usize, Carry, Pace)] = if quick {
+        &[(100, 100, each, Pace::BackToBack), (100, 10, shared, Pace::BackToBack)]
     } else {
         &[
-            (1000, 1000, Pace::BackToBack),
-            (1000, 10, Pace::BackToBack),
-            (1000, 1000, Pace::PerSecond(20)),
-            (1000, 10, Pace::PerSecond(50)),
+            (1000, 1000, each, Pace::BackToBack),
+            (1000, 10, each, Pace::BackToBack),
+            (1000, 10, shared, Pace::BackToBack),
+            (1000, 1000, each, Pace::PerSecond(20)),
+            (1000, 10, each, Pace::PerSecond(50)),
+            (1000, 10, shared, Pace::PerSecond(50)),
         ]
     };
-    for (watchers, connections, pace) in runs {
-        let run = |system| watch(args, system, *watchers, *connections, *pace, secs(seconds));
+    for (watchers, connections, carry, pace) in runs {
+        let shape = (*watchers, *connections, *carry);
+        let run = |system| watch(args, system, shape, *pace, secs(seconds));
         let e = run(System::Etcd).await?;
         let g = run(System::Gantry).await?;
+        let streams = if *carry == Carry::Shared { " shared" } else { "" };
         let load = match pace {
-            Pace::BackToBack => json!(format!("{watchers}/{connections}")),
+            Pace::BackToBack => json!(format!("{watchers}/{connections}{streams}")),
             Pace::PerSecond(r) => {
-                json!(format!("{watchers}/{connections} at {r} writes/s"))
+                json!(format!("{watchers}/{connections}{streams} at {r} writes/s"))
             }
         };
         out.push(versus_row("watch", load, &g, &e, "delivered_per_s", "write_to_receive"));

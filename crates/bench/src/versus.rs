@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gantry_api::v1::{CreateGatewayRequest, GetGatewayRequest, WatchGatewaysRequest};
+use gantry_client::shared_watch::SharedWatch;
 use gantry_client::{ClientConfig, GatewayClient};
 use serde_json::{json, Value};
 use tokio_stream::StreamExt;
@@ -219,6 +220,37 @@ impl Connection {
     }
 }
 
+impl Connection {
+    /// `watchers` watch streams from now on sharing one stream of this
+    /// connection (gantry: Watch; etcd: one Watch stream with a create
+    /// per watch, as its Go client does).
+    pub(crate) async fn watch_many(
+        &self,
+        key: &str,
+        watchers: usize,
+    ) -> anyhow::Result<Vec<Stamps>> {
+        Ok(match self {
+            Connection::Gantry(client) => {
+                let shared = SharedWatch::open(client.clone()).await?;
+                let mut streams = Vec::with_capacity(watchers);
+                for _ in 0..watchers {
+                    let events = shared.watch(WatchGatewaysRequest::default()).await?;
+                    streams.push(Box::pin(events.map_while(Result::ok).map(|e| {
+                        e.gateway
+                            .and_then(|g| g.spec?.config.get("t")?.parse().ok())
+                            .into_iter()
+                            .collect()
+                    })) as Stamps);
+                }
+                streams
+            }
+            Connection::Etcd { channel, .. } => {
+                etcd::watch_many(channel.clone(), key, watchers).await?
+            }
+        })
+    }
+}
+
 pub(crate) async fn write(
     args: &Args,
     system: System,
@@ -276,13 +308,21 @@ pub(crate) enum Pace {
     PerSecond(u32),
 }
 
-/// `watchers` watch streams spread over `connections` connections while
-/// one writer changes one key (`pace`) for `duration`.
+/// How a connection carries its watches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Carry {
+    /// One stream per watch (gantry: WatchGateways).
+    StreamEach,
+    /// One stream per connection for all its watches (gantry: Watch).
+    Shared,
+}
+
+/// `watchers` watches spread over `connections` connections, carried as
+/// `carry` says, while one writer changes one key (`pace`) for `duration`.
 pub(crate) async fn watch(
     args: &Args,
     system: System,
-    watchers: usize,
-    connections: usize,
+    (watchers, connections, carry): (usize, usize, Carry),
     pace: Pace,
     duration: Duration,
 ) -> anyhow::Result<Value> {
@@ -290,7 +330,7 @@ pub(crate) async fn watch(
     let backend = server.name(args);
     let connections = connections.clamp(1, watchers.max(1));
     eprintln!(
-        "watch: {watchers} watchers on {connections} connection(s), writes {pace:?}, for {duration:?} on {backend}"
+        "watch: {watchers} watchers on {connections} connection(s) ({carry:?}), writes {pace:?}, for {duration:?} on {backend}"
     );
     server.create("hot").await?;
     let mut writer = server.connect().await?;
@@ -302,9 +342,22 @@ pub(crate) async fn watch(
     for _ in 0..connections {
         shared.push(server.connect().await?);
     }
+    let mut streams = Vec::with_capacity(watchers);
+    match carry {
+        Carry::StreamEach => {
+            for w in 0..watchers {
+                streams.push(shared[w % connections].watch("hot").await?);
+            }
+        }
+        Carry::Shared => {
+            for (c, connection) in shared.iter().enumerate() {
+                let n = watchers / connections + usize::from(c < watchers % connections);
+                streams.extend(connection.watch_many("hot", n).await?);
+            }
+        }
+    }
     let mut tasks = Vec::new();
-    for w in 0..watchers {
-        let mut stream = shared[w % connections].watch("hot").await?;
+    for mut stream in streams {
         let (received, stop) = (received.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
@@ -362,6 +415,7 @@ pub(crate) async fn watch(
     };
     let result = json!({
         "scenario": "watch", "backend": backend, "watchers": watchers, "connections": connections,
+        "shared_streams": carry == Carry::Shared,
         "writes_per_s_target": pace_json, "duration_s": duration.as_secs_f64(), "writes": writes,
         "delivered_events": delivered, "undelivered_events": expected.saturating_sub(delivered),
         "delivered_per_s": (delivered as f64 / duration.as_secs_f64()).round(),
