@@ -10,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 use gantry_api::v1::{
     CreateGatewayRequest, Gateway, GatewaySpec, ObjectMeta, Phase, WatchGatewaysRequest,
 };
+use gantry_client::shared_watch::SharedWatch;
 use gantry_client::ClientConfig;
 use gantry_testkit::{eventually_some, replace_file, temp_dir, ReconcilerProcess, StoreProcess};
 use tokio_stream::StreamExt;
@@ -33,7 +34,8 @@ async fn wait_http(port: u16, what: &str, done: impl Fn(&str) -> bool) -> String
 }
 
 async fn ending(
-    watch: &mut tonic::Streaming<gantry_api::v1::WatchEvent>,
+    watch: &mut (impl tokio_stream::Stream<Item = Result<gantry_api::v1::WatchEvent, tonic::Status>>
+              + Unpin),
     what: &str,
 ) -> tonic::Status {
     let ended = tokio::time::timeout(PATIENCE, async {
@@ -94,7 +96,17 @@ async fn an_open_watch_ends_unauthenticated_when_its_token_expires_or_is_removed
             }
         }
     };
+    // The same watches on Watch streams (several watches on one stream).
+    let shared = |token: &str| {
+        let client = store.client_with_token(token);
+        async move {
+            let stream = SharedWatch::open(client).await.unwrap();
+            stream.watch(WatchGatewaysRequest::default()).await.unwrap()
+        }
+    };
+    let mut expiring_shared = shared(expiring).await;
     let mut removed_watch = watch(removed).await.unwrap();
+    let mut removed_shared = shared(removed).await;
 
     // Bob's token leaves the file: his watch ends at once with UNAUTHENTICATED.
     replace_file(
@@ -103,12 +115,17 @@ async fn an_open_watch_ends_unauthenticated_when_its_token_expires_or_is_removed
     );
     let status = ending(&mut removed_watch, "the watch of a removed token").await;
     assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    let status = ending(&mut removed_shared, "the shared watch of a removed token").await;
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
 
     // Alice's token expires: her watch ends when it does, not before.
     let status = ending(&mut expiring_watch, "the watch of an expired token").await;
     assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
     assert!(status.message().contains("expired"), "{status:?}");
     assert!(SystemTime::now() >= expires_at, "ended before the token expired");
+    let status = ending(&mut expiring_shared, "the shared watch of an expired token").await;
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    assert!(status.message().contains("expired"), "{status:?}");
     drop(store);
     let _ = std::fs::remove_dir_all(dir);
 }
