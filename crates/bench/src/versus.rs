@@ -317,6 +317,31 @@ pub(crate) enum Carry {
     Shared,
 }
 
+/// `watchers` watches on "hot" spread over `connections`, carried as
+/// `carry` says.
+async fn open_watches(
+    connections: &[Connection],
+    watchers: usize,
+    carry: Carry,
+) -> anyhow::Result<Vec<Stamps>> {
+    let mut streams = Vec::with_capacity(watchers);
+    match carry {
+        Carry::StreamEach => {
+            for w in 0..watchers {
+                streams.push(connections[w % connections.len()].watch("hot").await?);
+            }
+        }
+        Carry::Shared => {
+            let count = connections.len();
+            for (c, connection) in connections.iter().enumerate() {
+                let n = watchers / count + usize::from(c < watchers % count);
+                streams.extend(connection.watch_many("hot", n).await?);
+            }
+        }
+    }
+    Ok(streams)
+}
+
 /// `watchers` watches spread over `connections` connections, carried as
 /// `carry` says, while one writer changes one key (`pace`) for `duration`.
 pub(crate) async fn watch(
@@ -342,20 +367,7 @@ pub(crate) async fn watch(
     for _ in 0..connections {
         shared.push(server.connect().await?);
     }
-    let mut streams = Vec::with_capacity(watchers);
-    match carry {
-        Carry::StreamEach => {
-            for w in 0..watchers {
-                streams.push(shared[w % connections].watch("hot").await?);
-            }
-        }
-        Carry::Shared => {
-            for (c, connection) in shared.iter().enumerate() {
-                let n = watchers / connections + usize::from(c < watchers % connections);
-                streams.extend(connection.watch_many("hot", n).await?);
-            }
-        }
-    }
+    let streams = open_watches(&shared, watchers, carry).await?;
     let mut tasks = Vec::new();
     for mut stream in streams {
         let (received, stop) = (received.clone(), stop.clone());
