@@ -13,12 +13,13 @@
 //! one poll.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use futures_util::stream::{self, SelectAll};
-use futures_util::StreamExt as _;
+use futures_util::stream::SelectAll;
+use futures_util::{ready, StreamExt as _};
 use gantry_api::v1::watch_request::Request as Ask;
 use gantry_api::v1::{WatchCreate, WatchRequest, WatchResponse};
 use tokio::sync::oneshot;
@@ -27,7 +28,7 @@ use tonic::{Status, Streaming};
 
 use super::fairness::Fairness;
 use super::watch::{self, Caller};
-use super::watch_quota::WatchQuota;
+use super::watch_quota::{WatchQuota, WatchSlot};
 use crate::auth::{Auth, Principal};
 use crate::watch::stream::WatchContext;
 
@@ -63,16 +64,14 @@ pub(super) fn serve(
     watch::while_authenticated(Box::pin(shared), auth, caller)
 }
 
-type OneWatch = Pin<Box<dyn Stream<Item = WatchResponse> + Send + 'static>>;
-
 /// The state of one Watch stream.
 struct Shared {
     /// The store stops: no watch starts any more, and the stream ends once
     /// its watches have delivered what was committed and ended.
-    stopping: Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    stopping: Pin<Box<dyn Future<Output = ()> + Send>>,
     /// `None` once the client closed its side or the store stops.
     requests: Option<Streaming<WatchRequest>>,
-    watches: SelectAll<OneWatch>,
+    watches: SelectAll<Pin<Box<OneWatch>>>,
     /// Open watches by id; dropping the sender ends the watch.
     open: HashMap<i64, oneshot::Sender<()>>,
     /// Answers to requests, sent before further events.
@@ -127,46 +126,110 @@ impl Shared {
         let (cancel, canceled) = oneshot::channel();
         self.open.insert(id, cancel);
         let starter = self.starter.clone();
+        let budget = slot.budget.clone();
         let started = async move {
             let principal = &starter.principal;
             let seat = starter.fairness.admit(&principal.subject, principal.role, 1).await?;
-            let events = watch::start(starter.watch, &request, slot.budget.clone()).await?;
+            let events = watch::start(starter.watch, &request, budget).await?;
             drop(seat);
-            // The slot is given back when the watch's stream is dropped.
-            Ok::<_, Status>(events.map(move |event| {
-                let _held = &slot;
-                event
-            }))
+            Ok(events)
         };
-        let responses = stream::once(started).flat_map(move |started| match started {
-            Ok(events) => {
-                let created = WatchResponse { watch_id: id, created: true, ..Default::default() };
-                let events = events.scan(false, move |over, event| {
-                    if *over {
-                        return std::future::ready(None);
-                    }
-                    let response = match event {
-                        Ok(event) => WatchResponse {
-                            watch_id: id,
-                            events: vec![event],
-                            ..Default::default()
-                        },
-                        Err(status) => {
-                            *over = true;
-                            ended(id, &status)
+        let phase = Phase::Starting(Box::pin(started));
+        self.watches.push(Box::pin(OneWatch { id, phase, canceled, _slot: slot }));
+    }
+}
+
+/// Encoded bytes of events past which a response takes no more: several
+/// events of one watch that are ready at once go in one response.
+const RESPONSE_EVENT_BYTES: usize = 64 * 1024;
+
+/// One watch of the stream, as responses: `created`, its events (those
+/// ready at once together), then the response that ends it. Ends silently
+/// once cancelled.
+struct OneWatch {
+    id: i64,
+    phase: Phase,
+    /// Completes (with an error) when the stream drops the sender: cancelled.
+    canceled: oneshot::Receiver<()>,
+    /// Its identity's watch slot, given back when it is dropped.
+    _slot: WatchSlot,
+}
+
+enum Phase {
+    Starting(Pin<Box<dyn Future<Output = Result<watch::WatchStream, Status>> + Send>>),
+    Running(watch::WatchStream),
+    /// Events were sent in the same poll that read the status ending it.
+    Ending(Status),
+    Over,
+}
+
+impl Stream for OneWatch {
+    type Item = WatchResponse;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<WatchResponse>> {
+        let this = &mut *self;
+        if matches!(this.phase, Phase::Over) || Pin::new(&mut this.canceled).poll(cx).is_ready() {
+            this.phase = Phase::Over;
+            return Poll::Ready(None);
+        }
+        let id = this.id;
+        match &mut this.phase {
+            Phase::Starting(started) => {
+                let started = ready!(started.as_mut().poll(cx));
+                let (phase, response) = match started {
+                    Ok(events) => (
+                        Phase::Running(events),
+                        WatchResponse { watch_id: id, created: true, ..Default::default() },
+                    ),
+                    Err(status) => (Phase::Over, ended(id, &status)),
+                };
+                this.phase = phase;
+                Poll::Ready(Some(response))
+            }
+            Phase::Running(events) => {
+                let (mut batch, mut bytes, mut end) = (Vec::new(), 0, None);
+                while bytes < RESPONSE_EVENT_BYTES {
+                    match events.as_mut().poll_next(cx) {
+                        Poll::Ready(Some(Ok(event))) => {
+                            bytes += prost::Message::encoded_len(&event);
+                            batch.push(event);
                         }
-                    };
-                    std::future::ready(Some(response))
-                });
-                futures_util::future::Either::Left(
-                    stream::once(async move { created }).chain(events),
-                )
+                        Poll::Ready(Some(Err(status))) => {
+                            end = Some(status);
+                            break;
+                        }
+                        Poll::Ready(None) => {
+                            end = Some(Status::unavailable("the watch ended; resume it"));
+                            break;
+                        }
+                        Poll::Pending => break,
+                    }
+                }
+                match (batch.is_empty(), end) {
+                    (true, None) => Poll::Pending,
+                    (true, Some(status)) => {
+                        this.phase = Phase::Over;
+                        Poll::Ready(Some(ended(id, &status)))
+                    }
+                    (false, end) => {
+                        if let Some(status) = end {
+                            this.phase = Phase::Ending(status);
+                        }
+                        Poll::Ready(Some(WatchResponse {
+                            watch_id: id,
+                            events: batch,
+                            ..Default::default()
+                        }))
+                    }
+                }
             }
-            Err(status) => {
-                futures_util::future::Either::Right(stream::once(async move { ended(id, &status) }))
+            Phase::Ending(status) => {
+                let response = ended(id, status);
+                this.phase = Phase::Over;
+                Poll::Ready(Some(response))
             }
-        });
-        self.watches.push(Box::pin(responses.take_until(canceled)));
+            Phase::Over => Poll::Ready(None),
+        }
     }
 }
 

@@ -117,41 +117,64 @@ impl Caller {
 /// Ends `stream` with UNAUTHENTICATED once the token that opened it
 /// expires or is removed from the tokens file (or PERMISSION_DENIED once
 /// its binding is).
+///
+/// The check is one standing future, woken by a reload or at the expiry;
+/// an item of `stream` costs no more than a poll of it.
 pub(super) fn while_authenticated<T: Send + 'static>(
     stream: Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>,
     auth: Arc<Auth>,
     caller: Caller,
 ) -> Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>> {
-    let reloads = auth.reloads();
-    let state = Some((stream, reloads, auth, caller));
-    Box::pin(futures_util::stream::unfold(state, |state| async move {
-        let (mut stream, mut reloads, auth, caller) = state?;
-        loop {
-            let expires = auth
-                .expires(&caller.credentials())
-                .map(|at| at.duration_since(std::time::SystemTime::now()).unwrap_or_default());
-            let expiry = async {
-                match expires {
-                    Some(left) => tokio::time::sleep(left).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                item = tokio_stream::StreamExt::next(&mut stream) => {
-                    return item.map(|item| (item, Some((stream, reloads, auth, caller))));
-                }
-                _ = reloads.changed() => {}
-                () = expiry => {}
+    Box::pin(WhileAuthenticated { stream, revoked: Some(Box::pin(revoked(auth, caller))) })
+}
+
+/// Completes with the status that ends the caller's streams once its
+/// credentials are no longer valid; pending while they are.
+async fn revoked(auth: Arc<Auth>, caller: Caller) -> Status {
+    let mut reloads = auth.reloads();
+    loop {
+        let expires = auth
+            .expires(&caller.credentials())
+            .map(|at| at.duration_since(std::time::SystemTime::now()).unwrap_or_default());
+        let expiry = async {
+            match expires {
+                Some(left) => tokio::time::sleep(left).await,
+                None => std::future::pending().await,
             }
-            if let Err(status) = auth.authenticate(&caller.credentials()).await {
-                tracing::info!(
-                    message = status.message(),
-                    "watch ended: its token is no longer valid"
-                );
-                return Some((Err(status), None));
-            }
+        };
+        tokio::select! {
+            _ = reloads.changed() => {}
+            () = expiry => {}
         }
-    }))
+        if let Err(status) = auth.authenticate(&caller.credentials()).await {
+            tracing::info!(message = status.message(), "watch ended: its token is no longer valid");
+            return status;
+        }
+    }
+}
+
+/// See [`while_authenticated`].
+struct WhileAuthenticated<T> {
+    stream: Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>,
+    /// `None` once it ended the stream.
+    revoked: Option<Pin<Box<dyn std::future::Future<Output = Status> + Send + 'static>>>,
+}
+
+impl<T> Stream for WhileAuthenticated<T> {
+    type Item = Result<T, Status>;
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        let Some(revoked) = self.revoked.as_mut() else { return Poll::Ready(None) };
+        if let Poll::Ready(status) = revoked.as_mut().poll(cx) {
+            self.revoked = None;
+            return Poll::Ready(Some(Err(status)));
+        }
+        self.stream.as_mut().poll_next(cx)
+    }
 }
 
 #[cfg(test)]
