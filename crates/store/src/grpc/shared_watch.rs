@@ -256,10 +256,6 @@ impl Stream for Shared {
                 return Poll::Ready(Some(Ok(answer)));
             }
             let Some(requests) = this.requests.as_mut() else { break };
-            if this.stopping.as_mut().poll(cx).is_ready() {
-                this.requests = None;
-                break;
-            }
             match requests.poll_next_unpin(cx) {
                 Poll::Ready(Some(Ok(request))) => {
                     if let Err(status) = this.handle(request) {
@@ -284,7 +280,17 @@ impl Stream for Shared {
             }
             // No watch open: the stream ends once the client can open none.
             Poll::Ready(None) if this.requests.is_none() => Poll::Ready(None),
-            Poll::Ready(None) | Poll::Pending => Poll::Pending,
+            Poll::Ready(None) | Poll::Pending => {
+                // Checked only before waiting (a busy stream is polled again
+                // anyway, and its watches end when the store stops).
+                if this.requests.is_some() && this.stopping.as_mut().poll(cx).is_ready() {
+                    this.requests = None;
+                    if this.watches.is_empty() {
+                        return Poll::Ready(None);
+                    }
+                }
+                Poll::Pending
+            }
         }
     }
 }

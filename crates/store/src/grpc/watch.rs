@@ -118,15 +118,20 @@ impl Caller {
 /// expires or is removed from the tokens file (or PERMISSION_DENIED once
 /// its binding is).
 ///
-/// The check is one standing future, woken by a reload or at the expiry;
-/// an item of `stream` costs no more than a poll of it.
+/// The check is one standing future, woken by a reload or at the expiry,
+/// and polled when `stream` has nothing ready or every
+/// [`CHECK_EVERY_ITEMS`] items (a stream that never waits is still ended).
 pub(super) fn while_authenticated<T: Send + 'static>(
     stream: Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>,
     auth: Arc<Auth>,
     caller: Caller,
 ) -> Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>> {
-    Box::pin(WhileAuthenticated { stream, revoked: Some(Box::pin(revoked(auth, caller))) })
+    let revoked = Some(Box::pin(revoked(auth, caller)) as _);
+    Box::pin(WhileAuthenticated { stream, revoked, items: 0 })
 }
+
+/// Items a stream that is always ready delivers between two checks.
+const CHECK_EVERY_ITEMS: u32 = 64;
 
 /// Completes with the status that ends the caller's streams once its
 /// credentials are no longer valid; pending while they are.
@@ -158,6 +163,8 @@ struct WhileAuthenticated<T> {
     stream: Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>,
     /// `None` once it ended the stream.
     revoked: Option<Pin<Box<dyn std::future::Future<Output = Status> + Send + 'static>>>,
+    /// Items since the last check.
+    items: u32,
 }
 
 impl<T> Stream for WhileAuthenticated<T> {
@@ -168,12 +175,29 @@ impl<T> Stream for WhileAuthenticated<T> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Self::Item>> {
         use std::task::Poll;
-        let Some(revoked) = self.revoked.as_mut() else { return Poll::Ready(None) };
-        if let Poll::Ready(status) = revoked.as_mut().poll(cx) {
-            self.revoked = None;
-            return Poll::Ready(Some(Err(status)));
+        let this = &mut *self;
+        let Some(revoked) = this.revoked.as_mut() else { return Poll::Ready(None) };
+        if this.items >= CHECK_EVERY_ITEMS {
+            this.items = 0;
+            if let Poll::Ready(status) = revoked.as_mut().poll(cx) {
+                this.revoked = None;
+                return Poll::Ready(Some(Err(status)));
+            }
         }
-        self.stream.as_mut().poll_next(cx)
+        match this.stream.as_mut().poll_next(cx) {
+            Poll::Pending => {
+                this.items = 0;
+                if let Poll::Ready(status) = revoked.as_mut().poll(cx) {
+                    this.revoked = None;
+                    return Poll::Ready(Some(Err(status)));
+                }
+                Poll::Pending
+            }
+            ready => {
+                this.items += 1;
+                ready
+            }
+        }
     }
 }
 
