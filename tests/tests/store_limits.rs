@@ -728,3 +728,44 @@ async fn one_identity_holds_at_most_its_watches() {
     drop(store);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The watches of a Watch stream count against the same limit: a fourth
+/// watch of the identity is refused for that watch alone, with the reason,
+/// on the shared stream and as a single watch; a cancelled shared watch
+/// gives its slot back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watches_of_a_shared_stream_count_against_the_identity() {
+    use gantry_client::shared_watch::SharedWatch;
+    use tonic_types::StatusExt as _;
+    let dir = temp_dir("shared-watch-quota");
+    let alice = "alice-token-000000000001";
+    let tokens = "alice-token-000000000001,alice,viewer\n";
+    let store =
+        StoreProcess::sqlite_with_tokens(&dir, tokens, &["--max-watches-per-identity", "3"]);
+    let request = gantry_api::v1::WatchGatewaysRequest::default;
+    let shared = SharedWatch::open(store.client_with_token(alice)).await.unwrap();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(shared.watch(request()).await.unwrap());
+    }
+    let refused = shared.watch(request()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert_eq!(
+        refused.get_error_details().error_info().map(|i| i.reason.clone()).as_deref(),
+        Some(gantry_api::reasons::TOO_MANY_WATCHES)
+    );
+    let single = store.client_with_token(alice).watch_gateways(request()).await.unwrap_err();
+    assert_eq!(single.code(), Code::ResourceExhausted, "{single:?}");
+    // The stream's other watches were not disturbed by the refusal.
+    assert_eq!(held.len(), 3);
+    // Dropping a watch cancels it and gives its slot back.
+    drop(held.pop());
+    eventually(
+        Duration::from_secs(30),
+        "a slot back after a shared watch was cancelled",
+        || async { shared.watch(request()).await.is_ok() },
+    )
+    .await;
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+}
