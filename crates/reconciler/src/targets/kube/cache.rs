@@ -12,6 +12,7 @@ use kube::runtime::watcher;
 use serde_json::Value;
 
 use super::drift::drift;
+use super::owned_object::OwnedObject;
 use super::rollout::rollout;
 use crate::render::{
     Manifest, ANNOTATION_FINGERPRINT, LABEL_GATEWAY, LABEL_GATEWAY_UID, OWNED_KINDS,
@@ -151,7 +152,7 @@ fn owned_kind(kind: &str) -> &'static str {
 impl Live {
     /// Reads what observe needs of `o` and keeps the fields a rendering can
     /// set as text (one serialization, no intermediate copy of the object).
-    pub(super) fn of(kind: &str, o: DynamicObject) -> Live {
+    pub(super) fn of(kind: &str, o: OwnedObject) -> Live {
         Self::read(kind, o, |data, uid, gateway| {
             let fingerprint = data["spec"]["template"]["metadata"]["annotations"]
                 [ANNOTATION_FINGERPRINT]
@@ -168,7 +169,7 @@ impl Live {
         manifest: &Value,
         fingerprint: &Arc<str>,
     ) -> Live {
-        Self::read(kind, o, |data, _, _| judge(data, manifest, fingerprint))
+        Self::read(kind, o.into(), |data, _, _| judge(data, manifest, fingerprint))
     }
 
     /// What observe needs of `o` besides drift, and `judgement` of the
@@ -176,10 +177,10 @@ impl Live {
     /// given the gateway's uid and name.
     fn read(
         kind: &str,
-        o: DynamicObject,
+        o: OwnedObject,
         judgement: impl FnOnce(&Value, Option<&str>, Option<&str>) -> Judgement,
     ) -> Live {
-        let DynamicObject { metadata, mut data, .. } = o;
+        let OwnedObject { metadata, mut data } = o;
         let label = |key: &str| {
             metadata.labels.as_ref().and_then(|l| l.get(key)).map(|v| Arc::from(v.as_str()))
         };
@@ -280,7 +281,7 @@ pub(super) fn key(kind: &str, name: &str) -> Key {
 impl Cache {
     /// An object the watch brought, its text shared with every other
     /// object of that shape.
-    pub(super) fn arrived(&mut self, kind: &str, o: DynamicObject) -> Live {
+    pub(super) fn arrived(&mut self, kind: &str, o: OwnedObject) -> Live {
         let mut live = Live::of(kind, o);
         self.share(&mut live);
         live
@@ -394,7 +395,7 @@ impl Cache {
 
     /// What a list brings for `name`: the cached entry when it is the same
     /// version (what was judged of it stays), else the object read anew.
-    fn listed(&mut self, kind: &'static str, o: DynamicObject) -> Live {
+    fn listed(&mut self, kind: &'static str, o: OwnedObject) -> Live {
         let name = o.metadata.name.as_deref().unwrap_or("");
         let rv = resource_version(o.metadata.resource_version.as_deref());
         match self.objects.get(&(kind, name.into())) {
@@ -477,7 +478,7 @@ impl Cache {
 pub(super) fn track(
     cache: &Mutex<Cache>,
     kind: &'static str,
-    event: Result<watcher::Event<DynamicObject>, watcher::Error>,
+    event: Result<watcher::Event<OwnedObject>, watcher::Error>,
 ) -> Vec<String> {
     let mut cache = cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     match event {
@@ -577,7 +578,7 @@ mod tests {
         assert!(cache.owns_any("Secret", "u1"));
     }
 
-    fn object(kind: &str, name: &str, rv: u64, extra: Value) -> DynamicObject {
+    fn object(kind: &str, name: &str, rv: u64, extra: Value) -> OwnedObject {
         let mut o = json!({
             "apiVersion": "v1", "kind": kind,
             "metadata": {
@@ -664,12 +665,9 @@ mod tests {
             [("edge", "u-1", "f00d"), ("core", "u-2", "beef"), ("a", "u-3", "cafe")]
         {
             let o = deployment(gateway, uid, fingerprint);
-            let mut expected = serde_json::to_value(&o).unwrap();
-            let labels = expected["metadata"]["labels"].clone();
+            let mut expected = o.data.clone();
+            let labels = serde_json::to_value(&o.metadata.labels).unwrap();
             expected["metadata"] = json!({"name": gateway, "namespace": "default", "labels": labels, "annotations": null});
-            for gone in ["apiVersion", "kind"] {
-                expected.as_object_mut().unwrap().remove(gone);
-            }
             let mut live = Live::of("Deployment", o);
             cache.share(&mut live);
             let text: Value = serde_json::from_str(&live.unjudged_text().unwrap()).unwrap();

@@ -25,6 +25,7 @@
 mod cache;
 mod calls;
 mod drift;
+mod owned_object;
 mod replace;
 mod retire;
 mod rollback;
@@ -44,6 +45,7 @@ use kube::Client;
 
 use self::cache::{key, track, Cache, Key, Live, Reading};
 use self::calls::{api_resource, bounded, delete_object, not_ours};
+use self::owned_object::OwnedObject;
 use self::retire::Retiring;
 use super::{Owner, Target, TargetError};
 use crate::leader::Fence;
@@ -144,6 +146,11 @@ impl KubeTarget {
     }
 
     fn api(&self, api_version: &str, kind: &str) -> Api<DynamicObject> {
+        Api::namespaced_with(self.client.clone(), &self.namespace, &api_resource(api_version, kind))
+    }
+
+    /// The objects of a kind as the owned-object watches decode them.
+    fn owned_api(&self, api_version: &str, kind: &str) -> Api<OwnedObject> {
         Api::namespaced_with(self.client.clone(), &self.namespace, &api_resource(api_version, kind))
     }
 
@@ -382,7 +389,7 @@ impl Target for KubeTarget {
         let replica_sets = self.api("apps/v1", "ReplicaSet");
         tokio::spawn(self.retiring.clone().find_owned(replica_sets, self.settings.call_timeout));
         for (i, (api_version, kind)) in OWNED_KINDS.iter().enumerate() {
-            let api = self.api(api_version, kind);
+            let api = self.owned_api(api_version, kind);
             let (cache, config, tx) = (self.cache.clone(), config.clone(), tx.clone());
             // Relists of the kinds are spread over the period, and each
             // comes within one period of the last (jitter only shortens).
