@@ -103,10 +103,9 @@ impl Storage for SqliteStorage {
         Arc::new(Self { readers: self.background.clone(), ..self.clone() })
     }
 
-    /// The writes already run on a thread of their own (the
-    /// [`BatchWriter`]'s), whatever thread sends them.
+    /// The writer's batches run on its own thread (`sqlite_writer`).
     fn for_writer(&self) -> Arc<dyn Storage> {
-        Arc::new(self.clone())
+        Arc::new(Self { batches: self.batches.inline(), ..self.clone() })
     }
 
     async fn list(&self, page: Page<'_>) -> Result<Snapshot, StorageError> {

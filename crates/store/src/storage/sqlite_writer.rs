@@ -1,15 +1,20 @@
-//! SQLite's write path on a thread of its own (rusqlite). A batch is
-//! handed to the thread once; there it takes the write lock, reads the
-//! rows it changes, runs the rules ([`plan_batch`]), stores the plan with
-//! cached prepared statements and commits, and the answer comes back
-//! once. Through sqlx each call was a hand-off to SQLite's worker thread
-//! and back (two per batch, the rows passed as JSON and taken apart by
-//! `json_each`). Reads, migrations and compaction stay on sqlx; both use
-//! the same SQLite library and file, and SQLite's lock orders their
-//! writes.
+//! SQLite's write path (rusqlite). A batch takes the write lock, reads
+//! the rows it changes, runs the rules ([`plan_batch`]), stores the plan
+//! with cached prepared statements and commits, all on one thread. Through
+//! sqlx each call was a hand-off to SQLite's worker thread and back (two
+//! per batch, the rows passed as JSON and taken apart by `json_each`).
+//! Reads, migrations and compaction stay on sqlx; both use the same SQLite
+//! library and file, and SQLite's lock orders their writes.
+//!
+//! The store's writer runs on a thread of its own ([`crate::writer`], a
+//! lane), and its batches run there ([`BatchWriter::inline`]): nothing
+//! else waits for that thread, and the hand-off to another thread and back
+//! would cost two wake-ups a batch. Any other caller's batch is handed to
+//! a thread of the writer's own, as a runtime's worker must not wait for
+//! an fsync.
 
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
@@ -42,11 +47,15 @@ struct Job {
     reply: oneshot::Sender<Result<Results, StorageError>>,
 }
 
-/// The handle of the writer thread; the thread ends when the last clone
-/// is dropped, after the batches already handed to it.
+/// The writer's connection, and the thread that runs batches handed to it;
+/// the thread ends when the last clone is dropped, after the batches
+/// already handed to it.
 #[derive(Debug, Clone)]
 pub(super) struct BatchWriter {
+    conn: Arc<Mutex<Connection>>,
     jobs: mpsc::Sender<Job>,
+    /// Batches run on the caller's thread.
+    inline: bool,
 }
 
 impl std::fmt::Debug for Job {
@@ -58,25 +67,37 @@ impl std::fmt::Debug for Job {
 impl BatchWriter {
     /// Opens the (migrated) database file at `path` and starts the thread.
     pub(super) fn open(path: &Path) -> Result<BatchWriter, StorageError> {
-        let mut conn = open(path)
+        let conn = open(path)
             .map_err(|e| StorageError::Setup(format!("open {} to write: {e}", path.display())))?;
         check_durability(&conn)?;
+        let conn = Arc::new(Mutex::new(conn));
         let (jobs, queue) = mpsc::channel::<Job>();
+        let thread = conn.clone();
         std::thread::Builder::new()
             .name("gantry-sqlite-writer".into())
             .spawn(move || {
                 for job in queue {
                     // The caller may have gone away; the batch stands.
-                    let _ = job.reply.send(write_batch(&mut conn, job.writes));
+                    let _ = job.reply.send(write_batch(&mut lock(&thread), job.writes));
                 }
             })
             .map_err(|e| StorageError::Setup(format!("start the SQLite writer thread: {e}")))?;
-        Ok(BatchWriter { jobs })
+        Ok(BatchWriter { conn, jobs, inline: false })
+    }
+
+    /// The same writer, running each batch on the thread that calls
+    /// [`BatchWriter::write`], which waits for its commit: for a caller
+    /// with a thread of its own (the store's writer lane).
+    pub(super) fn inline(&self) -> BatchWriter {
+        BatchWriter { inline: true, ..self.clone() }
     }
 
     /// Runs `writes` in one transaction: each write's answer, or why the
     /// batch did not commit.
     pub(super) async fn write(&self, writes: Vec<PendingWrite>) -> Result<Results, StorageError> {
+        if self.inline {
+            return write_batch(&mut lock(&self.conn), writes);
+        }
         let (reply, answer) = oneshot::channel();
         self.jobs.send(Job { writes, reply }).map_err(|_| {
             StorageError::NotCommitted("the SQLite writer thread has stopped".into())
@@ -87,8 +108,15 @@ impl BatchWriter {
     }
 }
 
+/// The connection, whatever a batch that panicked left: its transaction
+/// was dropped, so rolled back.
+fn lock(conn: &Mutex<Connection>) -> std::sync::MutexGuard<'_, Connection> {
+    conn.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 fn open(path: &Path) -> rusqlite::Result<Connection> {
-    // No mutex of SQLite's own: the connection lives on one thread.
+    // No mutex of SQLite's own: one thread at a time uses the connection
+    // (behind the writer's lock).
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags(path, flags)?;
     conn.busy_timeout(Duration::from_secs(10))?;
@@ -297,6 +325,44 @@ mod tests {
             assert_eq!((event.kind, &event.encoded), (planned.kind, &planned.encoded));
         }
         assert_eq!(storage.current_revision().await.unwrap(), start + 6);
+    }
+
+    /// The store's writer runs batches on its own thread; anyone else's go
+    /// to the writer's thread, never blocking a runtime's worker.
+    #[test]
+    fn the_writer_lane_runs_its_batches_itself_and_other_callers_hand_them_over() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let (storage, _) = runtime.block_on(storage("writer-inline"));
+        let ran_on = Arc::new(Mutex::new(Vec::new()));
+        let write = |name: &str| {
+            let ran_on = ran_on.clone();
+            let gateway = gantry_api::v1::Gateway {
+                metadata: Some(ObjectMeta { name: name.into(), ..Default::default() }),
+                ..Default::default()
+            };
+            PendingWrite {
+                name: name.into(),
+                mutation: Box::new(move |_| {
+                    ran_on.lock().unwrap().push(std::thread::current().name().map(String::from));
+                    Ok(Write::Put(gateway.clone()))
+                }),
+                dry_run: false,
+            }
+        };
+        let lane = crate::lane::Lane::start("writer-lane-test", None).unwrap();
+        let writer = storage.for_writer();
+        let batch = write("a");
+        let on_lane = lane.spawn(async move { writer.write_batch(vec![batch]).await });
+        runtime.block_on(on_lane).unwrap().unwrap().remove(0).unwrap();
+        runtime.block_on(storage.write_batch(vec![write("b")])).unwrap().remove(0).unwrap();
+        let threads = ran_on.lock().unwrap().clone();
+        assert_eq!(
+            threads,
+            [Some("writer-lane-test".to_string()), Some("gantry-sqlite-writer".to_string())]
+        );
+        for name in ["a", "b"] {
+            assert!(runtime.block_on(storage.get(name)).unwrap().is_some(), "{name} not stored");
+        }
     }
 
     #[test]
