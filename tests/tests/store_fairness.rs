@@ -52,6 +52,7 @@ struct Phases {
     creates: load::Tally,
     status_writes: load::Tally,
     done: load::Done,
+    cpu: load::CpuTicks,
 }
 
 impl Phases {
@@ -61,7 +62,9 @@ impl Phases {
     async fn measure(&mut self, store: &StoreProcess, prefix: &str) {
         let (create, update) = ("CreateGateway", "UpdateGateway");
         let (c0, u0) = (buckets(store, create), buckets(store, update));
+        let cpu = load::CpuTicks::now();
         let done = load::work_for(&store.endpoint(), (EDITOR, RECONCILER), prefix, PHASE).await;
+        self.cpu = self.cpu.add(cpu, load::CpuTicks::now());
         let (c1, u1) = (buckets(store, create), buckets(store, update));
         self.creates.add(&c0, &c1);
         self.status_writes.add(&u0, &u1);
@@ -160,12 +163,14 @@ async fn flood_beside_the_work(database: &str, dir: &std::path::Path) {
              {served} lists served, {refused} refused, {} held to their retry delay; {calls} creates and status writes each \
              flooded; p99 quiet / flooded (ratio): \
              store's histograms: create {:.4}s / {:.4}s ({:.2}x), status write {:.4}s / {:.4}s ({:.2}x); \
-             clients: create {:.4}s / {:.4}s ({:.2}x), status write {:.4}s / {:.4}s ({:.2}x)",
+             clients: create {:.4}s / {:.4}s ({:.2}x), status write {:.4}s / {:.4}s ({:.2}x); \
+             CPU stolen by the hypervisor: quiet {:.1} %, flooded {:.1} %",
             database.split(':').next().unwrap_or_default(),
             early - early_before,
             quiet_p99.0, loaded.0, loaded.0 / quiet_p99.0, quiet_p99.1, loaded.1, loaded.1 / quiet_p99.1,
             quiet_client.0, loaded_client.0, loaded_client.0 / quiet_client.0,
             quiet_client.1, loaded_client.1, loaded_client.1 / quiet_client.1,
+            quiet.cpu.steal_percent(), flooded.cpu.steal_percent(),
         );
         // Written to stderr directly, not through the test's captured
         // output: the figures are in the log of every run, passing or not.

@@ -314,6 +314,51 @@ pub fn metric(metrics: &str, line_start: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The machine's CPU time and the part of it the hypervisor gave to other
+/// guests ("steal"), in clock ticks, from `/proc/stat` (zero where there is
+/// none): a phase whose time was stolen measured the neighbours, not the
+/// store, and its figures say so.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct CpuTicks {
+    pub total: u64,
+    pub steal: u64,
+}
+
+impl CpuTicks {
+    /// The counters now.
+    pub fn now() -> CpuTicks {
+        std::fs::read_to_string("/proc/stat").map(|s| CpuTicks::parse(&s)).unwrap_or_default()
+    }
+
+    /// The machine-wide `cpu` line of `/proc/stat` text: user, nice,
+    /// system, idle, iowait, irq, softirq, steal (guest time is already in
+    /// user and nice).
+    fn parse(stat: &str) -> CpuTicks {
+        let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+            return CpuTicks::default();
+        };
+        let fields: Vec<u64> =
+            line.split_whitespace().skip(1).take(8).filter_map(|f| f.parse().ok()).collect();
+        CpuTicks { total: fields.iter().sum(), steal: fields.get(7).copied().unwrap_or(0) }
+    }
+
+    /// These ticks plus the ticks from `before` to `after`.
+    pub fn add(self, before: CpuTicks, after: CpuTicks) -> CpuTicks {
+        CpuTicks {
+            total: self.total + after.total.saturating_sub(before.total),
+            steal: self.steal + after.steal.saturating_sub(before.steal),
+        }
+    }
+
+    /// The share of the time stolen, in per cent.
+    pub fn steal_percent(self) -> f64 {
+        if self.total == 0 {
+            return 0.0;
+        }
+        100.0 * self.steal as f64 / self.total as f64
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::p99;
@@ -352,5 +397,21 @@ mod tests {
         // 200 calls: 180 up to 1 ms, 20 in (2, 4] ms; rank 198 is the 18th
         // of those 20, the skipped interval's 400 in (1, 2] ms not counted.
         assert!((tally.p99() - 0.0038).abs() < 1e-9, "{}", tally.p99());
+    }
+
+    #[test]
+    fn steal_is_read_from_the_cpu_line_and_summed_over_intervals() {
+        use super::CpuTicks;
+        let stat = |user: u64, idle: u64, steal: u64| {
+            format!("cpu  {user} 0 10 {idle} 0 0 0 {steal} 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\nintr 5\n")
+        };
+        let a = CpuTicks::parse(&stat(100, 800, 90));
+        assert_eq!(a, CpuTicks { total: 1000, steal: 90 });
+        let b = CpuTicks::parse(&stat(150, 1000, 140));
+        let phases = CpuTicks::default().add(a, b);
+        assert_eq!(phases, CpuTicks { total: 300, steal: 50 });
+        assert!((phases.steal_percent() - 100.0 / 6.0).abs() < 1e-9);
+        assert_eq!(CpuTicks::parse("intr 5\n"), CpuTicks::default());
+        assert_eq!(CpuTicks::default().steal_percent(), 0.0);
     }
 }
