@@ -212,7 +212,7 @@ pub(crate) async fn scale(
     pair.take_kube_requests();
 
     eprintln!("scale: reconciler cold start over {gateways} converged gateways");
-    let started = Instant::now();
+    let (started, store_before) = (Instant::now(), pair.store.usage());
     pair.start_reconciler(sync_period).await?;
     anyhow::ensure!(
         wait_reconciles(&pair, gateways as u64, Duration::from_secs(600)).await?,
@@ -220,6 +220,7 @@ pub(crate) async fn scale(
     );
     let cold_start = started.elapsed();
     let after_start = pair.reconciler()?.usage();
+    let store_cold_start = pair.store.usage().cpu_s - store_before.cpu_s;
     let (cold_requests, cold_writes) = pair.take_kube_requests();
 
     eprintln!("scale: waiting for a periodic resync (sync period {sync_period:?})");
@@ -238,6 +239,8 @@ pub(crate) async fn scale(
         "list_selector_s": selected_time.as_secs_f64(), "list_selector_matches": selected,
         "reconciler_first_converge_s": first_converge.as_secs_f64(),
         "reconciler_cold_start_s": cold_start.as_secs_f64(),
+        // CPU seconds during the cold start: whether it waits or works.
+        "reconciler_cold_start_cpu_s": after_start.cpu_s, "store_cold_start_cpu_s": store_cold_start,
         "reconciler_cold_start_kube_requests": cold_requests, "reconciler_cold_start_kube_writes": cold_writes,
         "resync_kube_requests": resync_requests, "resync_kube_writes": resync_writes,
         "reconciler_rss_kib": after_start.rss_kib.max(after_resync.rss_kib),
