@@ -298,6 +298,7 @@ impl Stream for Shared {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gantry_api::v1::WatchEvent;
     use tonic::Code;
 
     #[test]
@@ -307,5 +308,52 @@ mod tests {
         assert!(response.canceled && !response.created);
         assert_eq!((response.watch_id, response.code), (7, Code::OutOfRange as i32));
         assert_eq!(response.message, "compacted");
+    }
+
+    fn running(events: Vec<Result<WatchEvent, Status>>) -> (OneWatch, oneshot::Sender<()>) {
+        let quota = WatchQuota::new(1, u64::MAX, Default::default());
+        let (cancel, canceled) = oneshot::channel();
+        let phase = Phase::Running(Box::pin(tokio_stream::iter(events)));
+        let slot = quota.acquire("someone").unwrap();
+        (OneWatch { id: 3, phase, canceled, _slot: slot }, cancel)
+    }
+
+    fn event(revision: i64) -> Result<WatchEvent, Status> {
+        Ok(WatchEvent { resource_version: revision, ..Default::default() })
+    }
+
+    /// The events ready at once go in one response; the end follows in a
+    /// response of its own, as the status a single watch would end with
+    /// (UNAVAILABLE when the watch's stream ended without one), then
+    /// nothing.
+    #[tokio::test]
+    async fn a_watch_sends_its_ready_events_together_then_how_it_ended() {
+        let revisions =
+            |r: &WatchResponse| r.events.iter().map(|e| e.resource_version).collect::<Vec<_>>();
+        let (watch, _cancel) = running(vec![event(1), event(2), event(3)]);
+        let responses: Vec<WatchResponse> = watch.collect().await;
+        assert_eq!(responses.len(), 2, "{responses:?}");
+        assert_eq!(revisions(&responses[0]), [1, 2, 3]);
+        assert!(!responses[0].canceled && responses[0].watch_id == 3);
+        assert!(responses[1].canceled && responses[1].events.is_empty());
+        assert_eq!(responses[1].code, Code::Unavailable as i32);
+
+        let compacted = Status::out_of_range("compacted");
+        let (watch, _cancel) = running(vec![event(4), Err(compacted)]);
+        let responses: Vec<WatchResponse> = watch.collect().await;
+        assert_eq!(revisions(&responses[0]), [4]);
+        assert_eq!(
+            (responses[1].code, responses[1].message.as_str()),
+            (Code::OutOfRange as i32, "compacted")
+        );
+        assert_eq!(responses.len(), 2);
+    }
+
+    /// A cancelled watch ends silently: the stream answers the cancel.
+    #[tokio::test]
+    async fn a_cancelled_watch_sends_nothing_more() {
+        let (watch, cancel) = running(vec![event(1), event(2)]);
+        drop(cancel);
+        assert!(watch.collect::<Vec<_>>().await.is_empty());
     }
 }

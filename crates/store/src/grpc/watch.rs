@@ -205,6 +205,53 @@ impl<T> Stream for WhileAuthenticated<T> {
 mod tests {
     use super::*;
 
+    fn ending<T: Send + 'static>(
+        stream: impl Stream<Item = Result<T, Status>> + Send + 'static,
+        revoked: impl std::future::Future<Output = Status> + Send + 'static,
+    ) -> WhileAuthenticated<T> {
+        WhileAuthenticated { stream: Box::pin(stream), revoked: Some(Box::pin(revoked)), items: 0 }
+    }
+
+    /// A stream that always has an item ready (a watcher far behind, a
+    /// busy store) is still ended once its credentials are revoked: within
+    /// [`CHECK_EVERY_ITEMS`] items, then nothing more.
+    #[tokio::test]
+    async fn a_stream_that_never_waits_is_ended_within_the_check_interval() {
+        // Not tokio_stream::iter: it returns Pending every 32 items to
+        // yield to the scheduler, which would let the check run anyway.
+        let always_ready = futures_util::stream::iter(0u32..).map(Ok);
+        let revoked = async { Status::unauthenticated("the token was removed") };
+        let items: Vec<Result<u32, Status>> =
+            ending(always_ready, revoked).take(10 * CHECK_EVERY_ITEMS as usize).collect().await;
+        let (last, delivered) = items.split_last().unwrap();
+        assert_eq!(last.as_ref().unwrap_err().code(), Code::Unauthenticated, "never ended");
+        assert!(delivered.len() <= CHECK_EVERY_ITEMS as usize, "{} items after", delivered.len());
+        assert!(delivered.iter().enumerate().all(|(i, item)| *item.as_ref().unwrap() == i as u32));
+    }
+
+    /// A stream that waits is ended at its first wait once revoked, and a
+    /// revocation that never comes lets every item through and the end.
+    #[tokio::test]
+    async fn a_waiting_stream_is_ended_when_it_waits_and_a_valid_one_runs_to_its_end() {
+        let (revoke, revoked) = tokio::sync::oneshot::channel::<()>();
+        let revoked = async move {
+            let _ = revoked.await;
+            Status::permission_denied("the binding was removed")
+        };
+        let (items, waiting) = tokio::sync::mpsc::channel::<Result<u32, Status>>(4);
+        let mut stream = ending(tokio_stream::wrappers::ReceiverStream::new(waiting), revoked);
+        items.send(Ok(1)).await.unwrap();
+        assert_eq!(stream.next().await.unwrap().unwrap(), 1);
+        revoke.send(()).unwrap();
+        let end = stream.next().await.unwrap().unwrap_err();
+        assert_eq!(end.code(), Code::PermissionDenied);
+        assert!(stream.next().await.is_none(), "an item after the end");
+
+        let valid = ending(tokio_stream::iter([Ok(1u32), Ok(2)]), std::future::pending());
+        let all: Vec<u32> = valid.map(Result::unwrap).collect().await;
+        assert_eq!(all, [1, 2]);
+    }
+
     #[test]
     fn a_bad_name_selector_or_revision_is_refused_with_the_field() {
         let refused = |request: WatchGatewaysRequest| params(&request).unwrap_err();
