@@ -1111,89 +1111,25 @@ mod writer_thread {
 
     use std::sync::{Arc, Mutex};
 
-    use gantry_api::v1::Gateway;
-    use gantry_store::storage::{
-        Committed, Event, Page, PendingWrite, Retention, Snapshot, Storage, StorageError,
-    };
-
+    use super::common::hooked::Hooked;
     use super::*;
 
     /// Where each batch ran: the thread's name and the storage it went
     /// through (`"writer"` for the one [`Storage::for_writer`] gave).
     type Seen = Arc<Mutex<Vec<(Option<String>, &'static str)>>>;
 
-    #[derive(Debug)]
-    struct Recording {
-        inner: Arc<dyn Storage>,
-        role: &'static str,
-        seen: Seen,
-    }
-
-    #[tonic::async_trait]
-    impl Storage for Recording {
-        async fn get(&self, name: &str) -> Result<Option<Gateway>, StorageError> {
-            self.inner.get(name).await
-        }
-        async fn list(&self, page: Page<'_>) -> Result<Snapshot, StorageError> {
-            self.inner.list(page).await
-        }
-        fn for_background(&self) -> Arc<dyn Storage> {
-            let inner = self.inner.for_background();
-            Arc::new(Recording { inner, role: "background", seen: self.seen.clone() })
-        }
-        fn for_writer(&self) -> Arc<dyn Storage> {
-            let inner = self.inner.for_writer();
-            Arc::new(Recording { inner, role: "writer", seen: self.seen.clone() })
-        }
-        fn page_token_key(&self) -> &[u8] {
-            self.inner.page_token_key()
-        }
-        async fn write_batch(
-            &self,
-            writes: Vec<PendingWrite>,
-        ) -> Result<Vec<Result<Committed, StorageError>>, StorageError> {
-            let thread = std::thread::current().name().map(str::to_string);
-            self.seen.lock().unwrap().push((thread, self.role));
-            self.inner.write_batch(writes).await
-        }
-        async fn events_after(
-            &self,
-            after: i64,
-            limit: usize,
-            max_bytes: usize,
-        ) -> Result<Vec<Arc<Event>>, StorageError> {
-            self.inner.events_after(after, limit, max_bytes).await
-        }
-        async fn current_revision(&self) -> Result<i64, StorageError> {
-            self.inner.current_revision().await
-        }
-        async fn compact(&self, retention: Retention) -> Result<i64, StorageError> {
-            self.inner.compact(retention).await
-        }
-        async fn listen_for_commits(
-            &self,
-            committed: &(dyn Fn(Option<i64>) + Send + Sync),
-        ) -> Result<(), StorageError> {
-            self.inner.listen_for_commits(committed).await
-        }
-        async fn durability(&self) -> Result<Vec<(String, String)>, StorageError> {
-            self.inner.durability().await
-        }
-        async fn ping(&self) -> Result<(), StorageError> {
-            self.inner.ping().await
-        }
-        fn backend(&self) -> &'static str {
-            self.inner.backend()
-        }
-    }
-
     async fn batches_run_on_the_writer_thread_through_its_own_connections(backend: Backend) {
         let seen = Seen::default();
         let recording = seen.clone();
-        let wrap = move |inner| -> Arc<dyn Storage> {
-            Arc::new(Recording { inner, role: "main", seen: recording })
+        let wrap = Hooked::wrap(Arc::new(move |role, _, outcome| {
+            let thread = std::thread::current().name().map(str::to_string);
+            recording.lock().unwrap().push((thread, role));
+            outcome
+        }));
+        let Some(store) = TestStore::start_wrapped(backend, test_watch_settings(), wrap).await
+        else {
+            return;
         };
-        let Some(store) = TestStore::start_wrapped(backend, wrap).await else { return };
         let mut editor = store.client(EDITOR).await;
         for name in ["a", "b", "c"] {
             create(&mut editor, gateway(name, "img:1")).await;

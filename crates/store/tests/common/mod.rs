@@ -2,6 +2,8 @@
 //! file or a fresh PostgreSQL database, and authenticated gRPC clients.
 #![allow(dead_code)]
 
+pub mod hooked;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -108,10 +110,11 @@ impl TestStore {
     /// A store whose storage is `wrap` of the one it would open.
     pub async fn start_wrapped(
         backend: Backend,
+        watch: WatchSettings,
         wrap: impl FnOnce(Arc<dyn Storage>) -> Arc<dyn Storage>,
     ) -> Option<TestStore> {
         let database = Arc::new(TestDatabase::create(backend).await?);
-        Some(Self::serve_wrapped(database, backend, test_watch_settings(), wrap).await)
+        Some(Self::serve_wrapped(database, backend, watch, wrap).await)
     }
 
     async fn serve_on(
