@@ -145,12 +145,15 @@ impl KubeTarget {
         .await
     }
 
-    fn api(&self, api_version: &str, kind: &str) -> Api<DynamicObject> {
-        Api::namespaced_with(self.client.clone(), &self.namespace, &api_resource(api_version, kind))
-    }
-
-    /// The objects of a kind as the owned-object watches decode them.
-    fn owned_api(&self, api_version: &str, kind: &str) -> Api<OwnedObject> {
+    /// The objects of a kind in the target's namespace, as `K`
+    /// (`DynamicObject`, or `OwnedObject` for the owned-object watches).
+    fn api<K>(&self, api_version: &str, kind: &str) -> Api<K>
+    where
+        K: kube::Resource<
+            DynamicType = kube::api::ApiResource,
+            Scope = kube::core::DynamicResourceScope,
+        >,
+    {
         Api::namespaced_with(self.client.clone(), &self.namespace, &api_resource(api_version, kind))
     }
 
@@ -389,7 +392,7 @@ impl Target for KubeTarget {
         let replica_sets = self.api("apps/v1", "ReplicaSet");
         tokio::spawn(self.retiring.clone().find_owned(replica_sets, self.settings.call_timeout));
         for (i, (api_version, kind)) in OWNED_KINDS.iter().enumerate() {
-            let api = self.owned_api(api_version, kind);
+            let api = self.api::<OwnedObject>(api_version, kind);
             let (cache, config, tx) = (self.cache.clone(), config.clone(), tx.clone());
             // Relists of the kinds are spread over the period, and each
             // comes within one period of the last (jitter only shortens).

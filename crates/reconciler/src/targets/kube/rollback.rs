@@ -4,7 +4,7 @@
 //! ConfigMap is still there: configs are content-addressed and an earlier
 //! one is retired only after a rollout that replaced it completed.
 
-use kube::api::{DynamicObject, ListParams};
+use kube::api::{Api, DynamicObject, ListParams};
 use serde_json::Value;
 
 use super::calls::{apply_object, bounded, call_error};
@@ -31,7 +31,7 @@ impl KubeTarget {
     ) -> Result<Option<i64>, TargetError> {
         let Some(manifest) = rendered.get("Deployment") else { return Ok(None) };
         let current = pods_fingerprint(&manifest.body["spec"]["template"]);
-        let api = self.api("apps/v1", "ReplicaSet");
+        let api: Api<DynamicObject> = self.api("apps/v1", "ReplicaSet");
         let params = ListParams::default().labels(&owned_selector(&owner.uid));
         let timeout = self.settings.call_timeout;
         let sets = bounded(timeout, "list ReplicaSet", api.list(&params)).await?.items;
