@@ -61,6 +61,11 @@ pub struct Args {
     /// CPUs SERVER, this process and what it starts besides on LOAD.
     #[arg(long, global = true, env = "GANTRY_BENCH_PIN")]
     pub(crate) pin: Option<crate::pinning::Pin>,
+    /// `versus` only: the whole side-by-side run this many times, the
+    /// server that goes first alternating, then each ratio's median,
+    /// lowest and highest (one run's ratio moves by up to 2.5× here).
+    #[arg(long, global = true, env = "GANTRY_BENCH_RUNS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) runs: u32,
     #[command(subcommand)]
     pub(crate) scenario: Scenario,
 }

@@ -13,6 +13,7 @@ mod pinning;
 mod procs;
 mod reconciling;
 mod report;
+mod spread;
 mod tracker;
 mod versus;
 
@@ -143,15 +144,50 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// The write and watch work against etcd and gantry in turn, with
-/// gantry's ratio to etcd.
+/// gantry's ratio to etcd: `--runs` times, then the spread of each ratio.
 async fn versus(args: &Args) -> anyhow::Result<Vec<Value>> {
+    let mut out = Vec::new();
+    for run in 0..args.runs {
+        // Whichever goes second finds the page cache and the CPU's clock
+        // as the first left them: each goes first in half of the runs.
+        let order = if run % 2 == 0 {
+            [System::Etcd, System::Gantry]
+        } else {
+            [System::Gantry, System::Etcd]
+        };
+        if args.runs > 1 {
+            eprintln!("versus: run {} of {}, {:?} first", run + 1, args.runs, order[0]);
+        }
+        for mut row in versus_once(args, order).await? {
+            if args.runs > 1 {
+                row["run"] = json!(run + 1);
+            }
+            out.push(row);
+        }
+    }
+    out.extend(spread::summary(&out));
+    Ok(out)
+}
+
+/// One measurement of each system, in `order`: (etcd's, gantry's).
+async fn in_order<F, Fut>(order: [System; 2], mut measure: F) -> anyhow::Result<(Value, Value)>
+where
+    F: FnMut(System) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Value>>,
+{
+    let first = measure(order[0]).await?;
+    let second = measure(order[1]).await?;
+    Ok(if order[0] == System::Etcd { (first, second) } else { (second, first) })
+}
+
+/// One side-by-side run of every case, each case's two systems in `order`.
+async fn versus_once(args: &Args, order: [System; 2]) -> anyhow::Result<Vec<Value>> {
     let (quick, secs) = (args.quick, Duration::from_secs);
     let mut out = Vec::new();
     let (clients, seconds): (&[usize], u64) =
         if quick { (&[1, 16], 2) } else { (&[1, 16, 64], 10) };
     for c in clients {
-        let e = write(args, System::Etcd, *c, secs(seconds)).await?;
-        let g = write(args, System::Gantry, *c, secs(seconds)).await?;
+        let (e, g) = in_order(order, |system| write(args, system, *c, secs(seconds))).await?;
         out.push(versus_row("write", json!(c), &g, &e, "writes_per_s", "latency"));
         out.extend([e, g]);
     }
@@ -179,8 +215,7 @@ async fn versus(args: &Args) -> anyhow::Result<Vec<Value>> {
     for (watchers, connections, carry, pace) in runs {
         let shape = (*watchers, *connections, *carry);
         let run = |system| watch(args, system, shape, *pace, secs(seconds));
-        let e = run(System::Etcd).await?;
-        let g = run(System::Gantry).await?;
+        let (e, g) = in_order(order, run).await?;
         let streams = if *carry == Carry::Shared { " shared" } else { "" };
         let load = match pace {
             Pace::BackToBack => json!(format!("{watchers}/{connections}{streams}")),
