@@ -14,6 +14,7 @@ mod procs;
 mod reconciling;
 mod report;
 mod spread;
+mod stamps;
 mod tracker;
 mod versus;
 

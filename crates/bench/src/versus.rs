@@ -5,8 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gantry_api::v1::{CreateGatewayRequest, GetGatewayRequest, WatchGatewaysRequest};
-use gantry_client::shared_watch::SharedWatch;
+use gantry_api::v1::{CreateGatewayRequest, GetGatewayRequest};
 use gantry_client::{ClientConfig, GatewayClient};
 use serde_json::{json, Value};
 use tokio_stream::StreamExt;
@@ -16,6 +15,7 @@ use crate::etcd;
 use crate::fleet::{gateway, percentiles, update_spec};
 use crate::pinning;
 use crate::procs::{Etcd, Store, Usage};
+use crate::stamps;
 
 /// One client reading one gateway of `config_bytes` of config back to back.
 /// One client reading one gateway of `config_bytes` of config back to back.
@@ -92,8 +92,16 @@ impl Cpu {
 /// One connection to a [`Server`].
 #[derive(Clone)]
 pub(crate) enum Connection {
-    Gantry(GatewayClient),
-    Etcd { channel: tonic::transport::Channel, kv: etcd::Kv },
+    /// Writes through gantry's client; watches read stamps only
+    /// ([`crate::stamps`]) on `channel`, a connection of their own.
+    Gantry {
+        client: GatewayClient,
+        channel: tonic::transport::Channel,
+    },
+    Etcd {
+        channel: tonic::transport::Channel,
+        kv: etcd::Kv,
+    },
 }
 
 pub(crate) type Stamps = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Vec<u64>> + Send>>;
@@ -139,13 +147,13 @@ impl Server {
     /// A new connection (HTTP/2, shared by the calls made on clones).
     pub(crate) async fn connect(&self) -> anyhow::Result<Connection> {
         Ok(match self {
-            Server::Gantry(s) => Connection::Gantry(
-                gantry_client::connect(&ClientConfig {
-                    endpoint: s.endpoint.clone(),
-                    ..Default::default()
-                })
-                .await?,
-            ),
+            Server::Gantry(s) => {
+                // Each made on its first call: a connection writes or
+                // watches, never both.
+                let config = ClientConfig { endpoint: s.endpoint.clone(), ..Default::default() };
+                let channel = config.endpoint()?.connect_lazy();
+                Connection::Gantry { client: config.connect_lazy()?, channel }
+            }
             Server::Etcd(e) => {
                 let channel = e.channel().await?;
                 Connection::Etcd { kv: etcd::Kv::new(channel.clone()), channel }
@@ -185,7 +193,7 @@ impl Connection {
         stamp: Option<u64>,
     ) -> anyhow::Result<()> {
         match self {
-            Connection::Gantry(client) => {
+            Connection::Gantry { client, .. } => {
                 let config: Vec<(&str, String)> =
                     stamp.map(|t| ("t", t.to_string())).into_iter().collect();
                 update_spec(client, gateway(key, &format!("gw:{i}"), &config)).await?;
@@ -202,19 +210,7 @@ impl Connection {
     /// yielding the stamps of the events of each message received.
     pub(crate) async fn watch(&self, key: &str) -> anyhow::Result<Stamps> {
         Ok(match self {
-            Connection::Gantry(client) => {
-                let stream = client
-                    .clone()
-                    .watch_gateways(WatchGatewaysRequest::default())
-                    .await?
-                    .into_inner();
-                Box::pin(stream.map_while(Result::ok).map(|e| {
-                    e.gateway
-                        .and_then(|g| g.spec?.config.get("t")?.parse().ok())
-                        .into_iter()
-                        .collect()
-                }))
-            }
+            Connection::Gantry { channel, .. } => stamps::watch(channel.clone()).await?,
             Connection::Etcd { channel, .. } => Box::pin(etcd::watch(channel.clone(), key).await?),
         })
     }
@@ -230,19 +226,8 @@ impl Connection {
         watchers: usize,
     ) -> anyhow::Result<Vec<Stamps>> {
         Ok(match self {
-            Connection::Gantry(client) => {
-                let shared = SharedWatch::open(client.clone()).await?;
-                let mut streams = Vec::with_capacity(watchers);
-                for _ in 0..watchers {
-                    let events = shared.watch(WatchGatewaysRequest::default()).await?;
-                    streams.push(Box::pin(events.map_while(Result::ok).map(|e| {
-                        e.gateway
-                            .and_then(|g| g.spec?.config.get("t")?.parse().ok())
-                            .into_iter()
-                            .collect()
-                    })) as Stamps);
-                }
-                streams
+            Connection::Gantry { channel, .. } => {
+                stamps::watch_many(channel.clone(), watchers).await?
             }
             Connection::Etcd { channel, .. } => {
                 etcd::watch_many(channel.clone(), key, watchers).await?
