@@ -6,6 +6,9 @@ use std::time::Instant;
 use tokio_stream::StreamExt as _;
 use tonic::transport::Channel;
 
+use crate::stamps::{route, Said};
+use crate::versus::Stamps;
+
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 mod pb {
     tonic::include_proto!("etcdserverpb");
@@ -65,7 +68,7 @@ pub async fn watch_many(
     channel: Channel,
     key: &str,
     watchers: usize,
-) -> anyhow::Result<Vec<std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Vec<u64>> + Send>>>> {
+) -> anyhow::Result<Vec<Stamps>> {
     let create = pb::WatchRequest {
         request_union: Some(pb::watch_request::RequestUnion::CreateRequest(
             pb::WatchCreateRequest { key: key.into(), ..Default::default() },
@@ -73,31 +76,16 @@ pub async fn watch_many(
     };
     let creates: Vec<_> = std::iter::repeat_n(create, watchers).collect();
     let requests = tokio_stream::iter(creates).chain(tokio_stream::pending());
-    let mut responses =
-        pb::watch_client::WatchClient::new(channel).watch(requests).await?.into_inner();
+    let responses = pb::watch_client::WatchClient::new(channel).watch(requests).await?.into_inner();
     // etcd answers the creates in order, each with the id it gave.
-    let mut routes = std::collections::HashMap::new();
-    let mut streams = Vec::with_capacity(watchers);
-    while routes.len() < watchers {
-        match responses.next().await {
-            Some(Ok(r)) if r.created => {
-                let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u64>>();
-                routes.insert(r.watch_id, tx);
-                streams.push(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
-                    as std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Vec<u64>> + Send>>);
-            }
-            other => anyhow::bail!("etcd watch not created: {other:?}"),
-        }
-    }
-    tokio::spawn(async move {
-        while let Some(Ok(r)) = responses.next().await {
-            let stamps = r.events.iter().filter_map(|e| stamp(&e.kv.as_ref()?.value)).collect();
-            if let Some(route) = routes.get(&r.watch_id) {
-                let _ = route.send(stamps);
-            }
-        }
-    });
-    Ok(streams)
+    route(responses, watchers, |r: &pb::WatchResponse| match r.created {
+        true => Said::Created(r.watch_id),
+        false => Said::Events(
+            r.watch_id,
+            r.events.iter().filter_map(|e| stamp(&e.kv.as_ref()?.value)).collect(),
+        ),
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -89,27 +89,55 @@ pub(crate) async fn watch_many(channel: Channel, watchers: usize) -> anyhow::Res
         .collect();
     let requests = tokio_stream::iter(creates).chain(tokio_stream::pending());
     let codec = tonic_prost::ProstCodec::<WatchRequest, Response>::default();
-    let mut responses =
-        grpc.streaming(tonic::Request::new(requests), path, codec).await?.into_inner();
+    let responses = grpc.streaming(tonic::Request::new(requests), path, codec).await?.into_inner();
+    route(responses, watchers, |r: &Response| match r.created {
+        true => Said::Created(r.watch_id),
+        false => Said::Events(r.watch_id, r.events.iter().filter_map(Event::stamp).collect()),
+    })
+    .await
+}
+
+/// What a response of a shared watch stream says, for [`route`].
+pub(crate) enum Said {
+    /// The watch of this id started.
+    Created(i64),
+    /// The stamps of events of the watch of this id.
+    Events(i64, Vec<u64>),
+}
+
+/// `watchers` streams of stamps, one per watch that `responses` (one
+/// shared watch stream, gantry's or etcd's) says was created, then each
+/// response's stamps routed to its watch's stream.
+pub(crate) async fn route<R, S>(
+    mut responses: S,
+    watchers: usize,
+    read: impl Fn(&R) -> Said + Send + 'static,
+) -> anyhow::Result<Vec<Stamps>>
+where
+    R: std::fmt::Debug,
+    S: tokio_stream::Stream<Item = Result<R, tonic::Status>> + Unpin + Send + 'static,
+{
     let mut routes = std::collections::HashMap::new();
     let mut streams = Vec::with_capacity(watchers);
     while routes.len() < watchers {
-        match responses.next().await {
-            Some(Ok(r)) if r.created => {
-                let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u64>>();
-                routes.insert(r.watch_id, tx);
-                streams
-                    .push(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx))
-                        as Stamps);
-            }
-            other => anyhow::bail!("gantry watch not created: {other:?}"),
-        }
+        let created = match responses.next().await {
+            Some(Ok(r)) => match read(&r) {
+                Said::Created(id) => Ok(id),
+                Said::Events(..) => Err(format!("{r:?}")),
+            },
+            other => Err(format!("{other:?}")),
+        };
+        let id = created.map_err(|r| anyhow::anyhow!("watch not created: {r}"))?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u64>>();
+        routes.insert(id, tx);
+        streams.push(Box::pin(tokio_stream::wrappers::UnboundedReceiverStream::new(rx)) as Stamps);
     }
     tokio::spawn(async move {
         while let Some(Ok(r)) = responses.next().await {
-            let stamps = r.events.iter().filter_map(Event::stamp).collect();
-            if let Some(route) = routes.get(&r.watch_id) {
-                let _ = route.send(stamps);
+            if let Said::Events(id, stamps) = read(&r) {
+                if let Some(route) = routes.get(&id) {
+                    let _ = route.send(stamps);
+                }
             }
         }
     });
@@ -172,5 +200,44 @@ mod tests {
         let created = api::WatchResponse { watch_id: 3, created: true, ..Default::default() };
         let read = Response::decode(created.encode_to_vec().as_slice()).unwrap();
         assert_eq!((read.watch_id, read.created, read.events.len()), (3, true, 0));
+    }
+
+    /// A response of a made-up shared stream: (id, created, stamps).
+    type Fake = (i64, bool, Vec<u64>);
+
+    fn said(r: &Fake) -> Said {
+        if r.1 {
+            Said::Created(r.0)
+        } else {
+            Said::Events(r.0, r.2.clone())
+        }
+    }
+
+    #[tokio::test]
+    async fn each_watch_gets_the_stamps_of_its_own_responses_in_order() {
+        let responses: Vec<Result<Fake, tonic::Status>> = vec![
+            Ok((5, true, vec![])),
+            Ok((7, true, vec![])),
+            Ok((7, false, vec![1, 2])),
+            Ok((9, false, vec![99])),
+            Ok((5, false, vec![3])),
+            Ok((7, false, vec![4])),
+        ];
+        let streams = route(tokio_stream::iter(responses), 2, said).await.unwrap();
+        let mut got = Vec::new();
+        for stream in streams {
+            got.push(stream.collect::<Vec<Vec<u64>>>().await);
+        }
+        assert_eq!(got, [vec![vec![3]], vec![vec![1, 2], vec![4]]]);
+    }
+
+    #[tokio::test]
+    async fn events_before_every_watch_was_created_fail_the_run() {
+        let responses: Vec<Result<Fake, tonic::Status>> =
+            vec![Ok((5, true, vec![])), Ok((5, false, vec![1]))];
+        let error = route(tokio_stream::iter(responses), 2, said).await.err().unwrap();
+        assert!(error.to_string().contains("watch not created"), "{error}");
+        let ended: Vec<Result<Fake, tonic::Status>> = vec![Ok((5, true, vec![]))];
+        assert!(route(tokio_stream::iter(ended), 2, said).await.is_err());
     }
 }
