@@ -6,8 +6,7 @@ use std::time::Instant;
 use tokio_stream::StreamExt as _;
 use tonic::transport::Channel;
 
-use crate::stamps::{route, Said};
-use crate::versus::Stamps;
+use crate::stamps::{route, Said, Stamps};
 
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 mod pb {

@@ -16,7 +16,8 @@ use gantry_api::v1::{watch_request, WatchCreate, WatchGatewaysRequest, WatchRequ
 use tokio_stream::StreamExt;
 use tonic::transport::Channel;
 
-use crate::versus::Stamps;
+/// The stamps of the events of each message a watch stream receives.
+pub(crate) type Stamps = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Vec<u64>> + Send>>;
 
 /// `gantry.v1.WatchResponse`, as far as the load generator reads it.
 #[derive(Clone, PartialEq, prost::Message)]

@@ -15,7 +15,7 @@ use crate::etcd;
 use crate::fleet::{gateway, percentiles, update_spec};
 use crate::pinning;
 use crate::procs::{Etcd, Store, Usage};
-use crate::stamps;
+use crate::stamps::{self, Stamps};
 
 /// One client reading one gateway of `config_bytes` of config back to back.
 /// One client reading one gateway of `config_bytes` of config back to back.
@@ -103,8 +103,6 @@ pub(crate) enum Connection {
         kv: etcd::Kv,
     },
 }
-
-pub(crate) type Stamps = std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Vec<u64>> + Send>>;
 
 impl Server {
     pub(crate) async fn start(
