@@ -4,7 +4,7 @@
 //! ([`crate::writer`]: a batch's round trips to the database are not
 //! served after whatever HTTP/2 connections the runtime's workers are
 //! writing pages to) and the background one ([`crate::background`]: the
-//! viewers' lists at a raised nice value).
+//! viewers' lists on CPU time no other thread wants).
 //!
 //! Database connections belong to the runtime that opened them, so work on
 //! a lane reads and writes through connections of its own
@@ -16,6 +16,22 @@ use std::future::Future;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+/// How the kernel schedules a lane's thread. On Linux both the policy and
+/// the nice value are the thread's, not the process's, and the threads it
+/// starts inherit them; lowering one's priority needs no privilege.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    /// As the process's other threads.
+    Normal,
+    /// `SCHED_IDLE`: the thread runs on CPU time no other thread wants, and
+    /// a thread of the normal policy that wakes up takes the CPU from it at
+    /// once. A raised nice value only shrinks its share: the kernel may let
+    /// it finish its slice (up to milliseconds) before a woken thread runs.
+    /// Where the kernel refuses the policy (a seccomp filter), the thread
+    /// runs at `fallback_nice`; it is set in either case, so `ps` shows it.
+    Idle { fallback_nice: i32 },
+}
+
 /// A named thread running a single-threaded runtime, stopped when dropped
 /// (its unfinished tasks are dropped with it).
 #[derive(Debug)]
@@ -24,20 +40,33 @@ pub struct Lane {
     _stop: oneshot::Sender<()>,
 }
 
+/// Applies `priority` to the calling thread, logging what the kernel
+/// refused (the work then runs at a higher priority than asked, never
+/// not at all).
+fn lower_priority(thread: &str, priority: Priority) {
+    let Priority::Idle { fallback_nice: nice } = priority else { return };
+    use thread_priority::{NormalThreadSchedulePolicy, ThreadPriority, ThreadSchedulePolicy};
+    let idle = ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle);
+    let native = thread_priority::thread_native_id();
+    // Sets the policy, then a nice value of 0, which the line below raises.
+    if let Err(error) =
+        thread_priority::set_thread_priority_and_policy(native, ThreadPriority::Min, idle)
+    {
+        tracing::warn!(%error, thread, nice, "cannot schedule the thread as SCHED_IDLE; it runs at its nice value");
+    }
+    if let Err(error) = rustix::process::setpriority_process(None, nice) {
+        tracing::warn!(%error, thread, nice, "cannot set the thread's nice value");
+    }
+}
+
 impl Lane {
-    /// Starts the thread `name`, at nice value `nice` when given (on Linux
-    /// the nice value is the thread's, not the process's; lowering one's
-    /// priority needs no privilege).
-    pub fn start(name: &str, nice: Option<i32>) -> std::io::Result<Lane> {
+    /// Starts the thread `name` at `priority`.
+    pub fn start(name: &str, priority: Priority) -> std::io::Result<Lane> {
         let (handle_tx, handle_rx) = std::sync::mpsc::channel();
         let (stop, stopped) = oneshot::channel::<()>();
         let thread = name.to_string();
         std::thread::Builder::new().name(thread.clone()).spawn(move || {
-            if let Some(nice) = nice {
-                if let Err(error) = rustix::process::setpriority_process(None, nice) {
-                    tracing::warn!(%error, thread, nice, "cannot set the thread's priority; its work runs at the process's");
-                }
-            }
+            lower_priority(&thread, priority);
             let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(runtime) => runtime,
                 Err(error) => {

@@ -22,7 +22,7 @@ use crate::grpc::observe::{Observe, ObserveLayer};
 use crate::grpc::watch_quota::WatchQuota;
 use crate::grpc::{errors, GatewayApi};
 use crate::http::StoreAdmin;
-use crate::lane::Lane;
+use crate::lane::{Lane, Priority};
 use crate::metrics::Metrics;
 use crate::settings::Settings;
 use crate::watch::hub::{HubLimits, WatchHub};
@@ -64,7 +64,7 @@ impl Core {
             hub.clone(),
             metrics.write_batches_failed.clone(),
         );
-        let lane = Lane::start(writer::THREAD, None)
+        let lane = Lane::start(writer::THREAD, Priority::Normal)
             .map_err(|source| ServeError::Thread { thread: writer::THREAD, source })?;
         let writes = lane.spawn(writer_task);
         // The lane lives until the writer has committed what was queued

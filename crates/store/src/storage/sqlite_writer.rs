@@ -349,7 +349,8 @@ mod tests {
                 dry_run: false,
             }
         };
-        let lane = crate::lane::Lane::start("writer-lane-test", None).unwrap();
+        let lane =
+            crate::lane::Lane::start("writer-lane-test", crate::lane::Priority::Normal).unwrap();
         let writer = storage.for_writer();
         let batch = write("a");
         let on_lane = lane.spawn(async move { writer.write_batch(vec![batch]).await });
