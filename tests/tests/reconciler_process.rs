@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use gantry_api::v1::{
     ConditionStatus, CreateGatewayRequest, DeleteGatewayRequest, Gateway, GatewaySpec,
-    GetGatewayRequest, Phase, Route, UpdateGatewayRequest,
+    GetGatewayRequest, Phase, Route, UpdateGatewayRequest, WatchGatewaysRequest,
 };
 use gantry_client::{ClientConfig, GatewayClient};
 use gantry_kube_fake::{KubeFake, Options};
@@ -244,6 +244,19 @@ async fn kills_and_restarts(database: String, dir: PathBuf) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Whether a watch from `revision` is refused OUT_OF_RANGE: the history
+/// after it is compacted. (Otherwise the watch delivers the events after
+/// it at once.)
+async fn compacted_past(client: &GatewayClient, revision: i64) -> bool {
+    use tokio_stream::StreamExt as _;
+    let request = WatchGatewaysRequest { resource_version: revision, ..Default::default() };
+    let first = match client.clone().watch_gateways(request).await {
+        Ok(watch) => tokio::time::timeout(Duration::from_secs(5), watch.into_inner().next()).await,
+        Err(status) => return status.code() == tonic::Code::OutOfRange,
+    };
+    matches!(first, Ok(Some(Err(status))) if status.code() == tonic::Code::OutOfRange)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reconciler_behind_compaction_relists_and_misses_nothing() {
     on_both_backends("reconciler-relist", behind_compaction).await;
@@ -268,7 +281,8 @@ async fn behind_compaction(database: String, dir: PathBuf) {
     let reconciler = ReconcilerProcess::to_directory(&store.endpoint(), &manifests, &[]);
     let c = client(&store).await;
     create(&c, "first", spec("ghcr.io/acme/gw:1")).await;
-    wait_settled(&c, "first", Phase::Written).await;
+    let settled = wait_settled(&c, "first", Phase::Written).await;
+    let seen = settled.metadata.map(|m| m.resource_version).unwrap_or_default();
 
     // Frozen, the reconciler falls behind the watch buffer and the history.
     // Large gateways (200 KiB of config each) overflow the socket and
@@ -279,7 +293,12 @@ async fn behind_compaction(database: String, dir: PathBuf) {
         big.config.insert("blob".into(), "x".repeat(200 * 1024));
         create(&c, &format!("while-stopped-{i}"), big).await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await; // compaction runs every 100 ms
+    // Compaction (every 100 ms) has dropped the history after the last
+    // event the reconciler saw: a watch from there is refused.
+    eventually(PATIENCE, "the history compacted past the reconciler's position", || async {
+        compacted_past(&c, seen).await
+    })
+    .await;
     reconciler.signal("-CONT");
     for i in 0..30 {
         wait_settled(&c, &format!("while-stopped-{i}"), Phase::Written).await;
