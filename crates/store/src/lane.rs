@@ -49,10 +49,13 @@ fn lower_priority(thread: &str, priority: Priority) {
     let idle = ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle);
     let native = thread_priority::thread_native_id();
     // Sets the policy, then a nice value of 0, which the line below raises.
-    if let Err(error) =
-        thread_priority::set_thread_priority_and_policy(native, ThreadPriority::Min, idle)
-    {
-        tracing::warn!(%error, thread, nice, "cannot schedule the thread as SCHED_IDLE; it runs at its nice value");
+    // The second step fails without privilege in a process started at a
+    // positive nice value, after the policy took: only the policy counts.
+    let set = thread_priority::set_thread_priority_and_policy(native, ThreadPriority::Min, idle);
+    if let Err(error) = set {
+        if thread_priority::thread_schedule_policy().ok() != Some(idle) {
+            tracing::warn!(%error, thread, nice, "cannot schedule the thread as SCHED_IDLE; it runs at its nice value");
+        }
     }
     if let Err(error) = rustix::process::setpriority_process(None, nice) {
         tracing::warn!(%error, thread, nice, "cannot set the thread's nice value");
