@@ -82,11 +82,14 @@ impl Phases {
     }
 }
 
+/// The viewers' answer bytes.
+const VIEWER_BYTES: &str = "gantry_store_fairness_answer_bytes_total{level=\"viewers\"} ";
+
 /// Quiet and flooded phases alternate, [`ROUNDS`] of each per flood, so
 /// that a one-off stall of the machine or the database (a checkpoint, a
 /// vacuum, another process) and the tables' growth weigh on both alike.
 const PHASE: std::time::Duration = std::time::Duration::from_secs(2);
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 6;
 
 /// One test at a time: the two backends' tests (and making the PostgreSQL
 /// test's database) would otherwise load each other's quiet and flooded
@@ -130,16 +133,20 @@ async fn flood_beside_the_work(database: &str, dir: &std::path::Path) {
             metric(&store, "gantry_store_fairness_rejected_total{level=\"viewers\"} ");
         let early_before =
             metric(&store, "gantry_store_fairness_early_retries_total{level=\"viewers\"} ");
+        let bytes_before = metric(&store, VIEWER_BYTES);
         let tokens: Vec<String> = (0..identities).map(viewer).collect();
         let (mut quiet, mut flooded) = (Phases::default(), Phases::default());
         let (mut served, mut refused) = (0, 0);
+        let mut flooding = std::time::Duration::ZERO;
         for round in 0..ROUNDS {
             quiet.measure(&store, &format!("quiet{identities}-{round}")).await;
+            let started = std::time::Instant::now();
             let flood = Flood::start(&store.endpoint(), &tokens, 500).await;
             // Each phase works for more than the retry delay, so that the
             // flood's callers come back (early) more than once.
             flooded.measure(&store, &format!("flood{identities}-{round}")).await;
             let (s, r) = flood.stop().await;
+            flooding += started.elapsed();
             (served, refused) = (served + s, refused + r);
             // Every seat given back once the answers are written: the next
             // quiet phase is quiet.
@@ -156,11 +163,13 @@ async fn flood_beside_the_work(database: &str, dir: &std::path::Path) {
         let (quiet_p99, quiet_client) = quiet.p99s();
         let (loaded, loaded_client) = flooded.p99s();
         let calls = flooded.done.creates.len();
+        let bytes = metric(&store, VIEWER_BYTES) - bytes_before;
+        let rate = bytes / flooding.as_secs_f64() / 1_048_576.0;
         acked.extend(quiet.done.acked);
         acked.extend(flooded.done.acked);
         let figures = format!(
             "{}: flood of {identities} viewer identities on 64 connections, {ROUNDS} rounds of {PHASE:?} quiet then flooded: \
-             {served} lists served, {refused} refused, {} held to their retry delay; {calls} creates and status writes each \
+             {served} lists served ({rate:.1} MiB/s), {refused} refused, {} held to their retry delay; {calls} creates and status writes each \
              flooded; p99 quiet / flooded (ratio): \
              store's histograms: create {:.4}s / {:.4}s ({:.2}x), status write {:.4}s / {:.4}s ({:.2}x); \
              clients: create {:.4}s / {:.4}s ({:.2}x), status write {:.4}s / {:.4}s ({:.2}x); \

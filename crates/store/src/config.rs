@@ -198,6 +198,14 @@ pub struct LimitArgs {
     #[arg(long, env = "GANTRY_FAIR_VIEWER_CONCURRENCY", default_value_t = 16)]
     pub fair_viewer_concurrency: usize,
 
+    /// Answer bytes per second the viewers' level sends at most, each
+    /// object counted as at least 1 KiB: a call's seats are held, after
+    /// its answer, until the level's share of this rate would have sent
+    /// it, so a flood of lists costs a bounded part of the CPU however
+    /// cheap each list is. 0 for no bound.
+    #[arg(long, env = "GANTRY_FAIR_VIEWER_BYTES_PER_SECOND", default_value_t = crate::grpc::fairness::DEFAULT_VIEWER_BYTES_PER_SECOND)]
+    pub fair_viewer_bytes_per_second: u64,
+
     /// Calls of one identity that may wait at its level; one more is
     /// refused RESOURCE_EXHAUSTED (TOO_MANY_REQUESTS) with a retry delay.
     #[arg(long, env = "GANTRY_FAIR_QUEUE_LENGTH", default_value_t = 64)]

@@ -32,6 +32,7 @@ pub struct FairnessMetrics {
     queued: Family<LevelLabels, Gauge>,
     rejected: Family<LevelLabels, Counter>,
     early_retries: Family<LevelLabels, Counter>,
+    answer_bytes: Family<LevelLabels, Counter>,
     wait: Family<LevelLabels, Histogram, fn() -> Histogram>,
 }
 
@@ -42,6 +43,7 @@ impl Default for FairnessMetrics {
             queued: Family::default(),
             rejected: Family::default(),
             early_retries: Family::default(),
+            answer_bytes: Family::default(),
             wait: Family::new_with_constructor(latency_histogram),
         }
     }
@@ -62,6 +64,10 @@ impl FairnessMetrics {
 
     pub fn early_retries(&self, level: &'static str) -> Counter {
         self.early_retries.get_or_create(&LevelLabels { level }).clone()
+    }
+
+    pub fn answer_bytes(&self, level: &'static str) -> Counter {
+        self.answer_bytes.get_or_create(&LevelLabels { level }).clone()
     }
 
     pub fn wait(&self, level: &'static str) -> Histogram {
@@ -88,6 +94,11 @@ impl FairnessMetrics {
             "fairness_early_retries",
             "Calls of a refused identity back before its retry delay, held until it ended, by priority level",
             self.early_retries.clone(),
+        );
+        registry.register(
+            "fairness_answer_bytes",
+            "Bytes charged to the answers of calls that held a seat (encoded bytes, each object at least 1 KiB), by priority level",
+            self.answer_bytes.clone(),
         );
         registry.register(
             "fairness_wait_duration_seconds",

@@ -190,6 +190,7 @@ pub async fn settings_from_config(config: &Config) -> Result<Settings, ServeErro
             viewer_seats: config.limits.fair_viewer_concurrency.max(1),
             queue_length: config.limits.fair_queue_length,
             queue_wait: config.limits.fair_queue_wait,
+            viewer_bytes_per_second: config.limits.fair_viewer_bytes_per_second,
         },
     };
     Ok(Settings { storage, auth: Arc::new(auth), tls, watch, limits })
