@@ -81,10 +81,17 @@ async fn run(
             batch.drain(..).map(|j| (j.write, j.reply)).unzip();
         match storage.write_batch(writes).await {
             Ok(results) => {
-                hub.publish(results.iter().filter_map(|r| r.as_ref().ok()?.event.clone()));
+                // Readable before any caller hears of its write; the
+                // watchers woken after the answers, which are then not
+                // queued behind the fan-out on the runtime.
+                let published =
+                    hub.append(results.iter().filter_map(|r| r.as_ref().ok()?.event.clone()));
                 for (reply, result) in replies.into_iter().zip(results) {
                     // The caller may have gone away; the write stands.
                     let _ = reply.send(result);
+                }
+                if published > 0 {
+                    hub.wake();
                 }
             }
             Err(e) => {

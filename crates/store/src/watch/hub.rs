@@ -157,6 +157,19 @@ impl WatchHub {
     /// the missing events from the database. Returns how many were
     /// published.
     pub fn publish(&self, events: impl IntoIterator<Item = Arc<Event>>) -> usize {
+        let published = self.append(events);
+        if published > 0 {
+            self.wake();
+        }
+        published
+    }
+
+    /// [`publish`](Self::publish) without waking the subscribers: the
+    /// events are readable (a watch started now, or one reading for
+    /// another reason, sees them) but no subscriber is woken for them
+    /// until [`wake`](Self::wake). The writer answers its callers in
+    /// between, so that their answers are not queued behind the fan-out.
+    pub fn append(&self, events: impl IntoIterator<Item = Arc<Event>>) -> usize {
         let mut ring = self.lock();
         let mut published = 0;
         for event in events {
@@ -183,12 +196,22 @@ impl WatchHub {
             published += 1;
         }
         if published > 0 {
-            let head = ring.head;
             ring.published_at = Some(tokio::time::Instant::now());
-            drop(ring);
-            self.head_tx.send_replace(head);
         }
         published
+    }
+
+    /// Wakes the subscribers, unless a later wake already told them of
+    /// the head (the writer's and the tailer's may cross).
+    pub fn wake(&self) {
+        let head = self.head();
+        self.head_tx.send_if_modified(|told| {
+            let newer = head > *told;
+            if newer {
+                *told = head;
+            }
+            newer
+        });
     }
 
     /// For a watch continuing after revision `after`: a subscription when
@@ -297,6 +320,30 @@ mod tests {
         hub.publish([event(1)]);
         assert!(sub.head.has_changed().unwrap());
         assert_eq!(*sub.head.borrow_and_update(), 1);
+    }
+
+    /// The writer appends, answers its callers, then wakes: the events
+    /// are readable before any subscriber is woken for them, and a wake
+    /// that crossed a later one (the tailer's) neither wakes again nor
+    /// takes the head back.
+    #[test]
+    fn appended_events_are_readable_before_the_wake_and_wakes_only_move_forward() {
+        let hub = WatchHub::new(0, limits(10, 100));
+        let mut sub = hub.subscribe(0).unwrap();
+        sub.head.borrow_and_update();
+        assert_eq!(hub.append([event(1), event(2)]), 2);
+        assert!(!sub.head.has_changed().unwrap(), "woken before the writer answered");
+        assert_eq!(revisions(hub.read(&sub, 0, 10)), [1, 2]);
+        assert_eq!(hub.head(), 2);
+        hub.wake();
+        assert!(sub.head.has_changed().unwrap());
+        assert_eq!(*sub.head.borrow_and_update(), 2);
+        // Told already (a later publish woke them): no second wake.
+        hub.publish([event(3)]);
+        sub.head.borrow_and_update();
+        hub.wake();
+        assert!(!sub.head.has_changed().unwrap());
+        assert_eq!(*sub.head.borrow(), 3);
     }
 
     #[test]
