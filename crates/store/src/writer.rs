@@ -16,6 +16,11 @@ pub const THREAD: &str = "gantry-writer";
 
 /// Most writes in one transaction.
 pub const MAX_BATCH: usize = 256;
+/// Watchers woken before a batch's answers, at most; with more, they are
+/// woken after (docs/benchmarks.md, "The writer answers before it wakes
+/// the watchers": 2–6 µs of fan-out a watcher against 0.1–0.2 ms of
+/// answering a batch).
+const FEW_WATCHERS: usize = 32;
 /// Writes waiting for the writer before callers wait to enqueue.
 const QUEUE: usize = 4096;
 
@@ -81,16 +86,23 @@ async fn run(
             batch.drain(..).map(|j| (j.write, j.reply)).unzip();
         match storage.write_batch(writes).await {
             Ok(results) => {
-                // Readable before any caller hears of its write; the
-                // watchers woken after the answers, which are then not
-                // queued behind the fan-out on the runtime.
+                // Readable before any caller hears of its write. The
+                // runtime runs what this thread wakes in order: a few
+                // watchers first (a reconciler's watch is a converge's
+                // latency, and their fan-out costs less than the answers),
+                // many after the answers (every caller would otherwise
+                // wait for the whole fan-out of its own write).
+                let wake_first = hub.subscribers() <= FEW_WATCHERS;
                 let published =
                     hub.append(results.iter().filter_map(|r| r.as_ref().ok()?.event.clone()));
+                if wake_first && published > 0 {
+                    hub.wake();
+                }
                 for (reply, result) in replies.into_iter().zip(results) {
                     // The caller may have gone away; the write stands.
                     let _ = reply.send(result);
                 }
-                if published > 0 {
+                if !wake_first && published > 0 {
                     hub.wake();
                 }
             }
