@@ -7,7 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::DynamicObject;
+use kube::api::{DynamicObject, ObjectMeta};
 use kube::runtime::watcher;
 use serde_json::Value;
 
@@ -103,43 +103,72 @@ pub(super) struct Unjudged {
     pub(super) fingerprint: Option<Box<str>>,
 }
 
-const CUT_UID: &str = "\u{1}";
-const CUT_FINGERPRINT: &str = "\u{2}";
-const CUT_GATEWAY: &str = "\u{3}";
+const CUT_UID: char = '\u{1}';
+const CUT_FINGERPRINT: char = '\u{2}';
+const CUT_GATEWAY: char = '\u{3}';
 
 impl Unjudged {
-    /// The cuts of a text, in the order they are made (and undone in
-    /// reverse): each value is cut wherever it occurs, so undoing them
-    /// restores the text exactly whatever else the values match.
+    /// The values to cut, each with its placeholder, in the order they are
+    /// tried at each place of the text (empty values are not cut).
     fn cuts<'a>(
         uid: Option<&'a str>,
         fingerprint: Option<&'a str>,
         gateway: Option<&'a str>,
-    ) -> impl DoubleEndedIterator<Item = (&'static str, &'a str)> {
+    ) -> impl Iterator<Item = (char, &'a str)> {
         [(CUT_UID, uid), (CUT_FINGERPRINT, fingerprint), (CUT_GATEWAY, gateway)]
             .into_iter()
             .filter_map(|(cut, value)| Some((cut, value.filter(|v| !v.is_empty())?)))
     }
 
+    /// `text` with each value cut wherever it occurs, in one pass: at each
+    /// place the first value (in [`Unjudged::cuts`]' order) that occurs
+    /// there. A placeholder stands for one value only and no JSON text
+    /// holds one, so [`Unjudged::text`] restores the text exactly.
     pub(super) fn of(
         text: &str,
         uid: Option<&str>,
         fingerprint: Option<&str>,
         gateway: Option<&str>,
     ) -> Self {
-        let mut shape = text.to_string();
-        for (cut, value) in Self::cuts(uid, fingerprint, gateway) {
-            shape = shape.replace(value, cut);
+        let cuts: Vec<(char, &str)> = Self::cuts(uid, fingerprint, gateway).collect();
+        // Where each value occurs next, from `at` on.
+        let mut next: Vec<Option<usize>> = cuts.iter().map(|(_, v)| text.find(v)).collect();
+        let mut shape = String::with_capacity(text.len());
+        let mut at = 0;
+        loop {
+            let first = (0..cuts.len())
+                .filter_map(|i| Some((next[i]?, i)))
+                .min_by_key(|&(place, i)| (place, i));
+            let Some((place, i)) = first else { break };
+            shape.push_str(&text[at..place]);
+            shape.push(cuts[i].0);
+            at = place + cuts[i].1.len();
+            for (j, (_, value)) in cuts.iter().enumerate() {
+                if next[j].is_some_and(|n| n < at) {
+                    next[j] = text[at..].find(value).map(|n| n + at);
+                }
+            }
         }
+        shape.push_str(&text[at..]);
         Unjudged { shape: Arc::from(shape), fingerprint: fingerprint.map(Box::from) }
     }
 
     /// The object's text again.
     pub(super) fn text(&self, uid: Option<&str>, gateway: Option<&str>) -> String {
-        let mut text = self.shape.to_string();
-        for (cut, value) in Self::cuts(uid, self.fingerprint.as_deref(), gateway).rev() {
-            text = text.replace(cut, value);
+        let cuts: Vec<(char, &str)> =
+            Self::cuts(uid, self.fingerprint.as_deref(), gateway).collect();
+        let value = |c: char| cuts.iter().find(|(cut, _)| *cut == c).map(|(_, v)| *v);
+        let mut text = String::with_capacity(self.shape.len() + 256);
+        let mut rest = &*self.shape;
+        // The placeholders are bytes no other character's UTF-8 holds.
+        while let Some(place) = rest.bytes().position(|b| matches!(b, 1..=3)) {
+            text.push_str(&rest[..place]);
+            let cut = char::from(rest.as_bytes()[place]);
+            // A placeholder only stands where its value was cut.
+            text.push_str(value(cut).unwrap_or_default());
+            rest = &rest[place + 1..];
         }
+        text.push_str(rest);
         text
     }
 }
@@ -149,16 +178,106 @@ fn owned_kind(kind: &str) -> &'static str {
     OWNED_KINDS.iter().map(|(_, k)| *k).find(|k| *k == kind).unwrap_or("")
 }
 
+/// What a rendering can set of an object's metadata (the server's own
+/// fields, such as its uid and resourceVersion, are not kept).
+fn kept_metadata(metadata: &ObjectMeta) -> Value {
+    serde_json::json!({
+        "name": metadata.name, "namespace": metadata.namespace,
+        "labels": metadata.labels, "annotations": metadata.annotations,
+    })
+}
+
+/// What observe reads of an object of `kind` besides drift: a
+/// Deployment's rollout, an Ingress' load-balancer address.
+fn reading(
+    kind: &str,
+    generation: Option<i64>,
+    replicas: Option<&Value>,
+    status: Option<Value>,
+) -> Option<Reading> {
+    match kind {
+        "Deployment" => {
+            let replicas = replicas.and_then(Value::as_i64).and_then(|r| i32::try_from(r).ok());
+            let deployment = Deployment {
+                metadata: ObjectMeta { generation, ..Default::default() },
+                spec: Some(k8s_openapi::api::apps::v1::DeploymentSpec {
+                    replicas,
+                    ..Default::default()
+                }),
+                status: status.and_then(|s| serde_json::from_value(s).ok()),
+            };
+            Some(Reading::Rollout(rollout(&deployment)))
+        }
+        "Ingress" => {
+            let lb = status.as_ref().map(|s| &s["loadBalancer"]["ingress"][0]);
+            let address = lb
+                .and_then(|lb| {
+                    lb["hostname"].as_str().filter(|h| !h.is_empty()).or(lb["ip"].as_str())
+                })
+                .unwrap_or("");
+            Some(Reading::Route { address: address.into() })
+        }
+        _ => None,
+    }
+}
+
+/// What a Deployment's spec tells besides drift: its replicas and the pod
+/// template's fingerprint annotation (the rest of it is only scanned).
+#[derive(Debug, Default, serde::Deserialize)]
+struct SpecPeek {
+    replicas: Option<Value>,
+    template: Option<TemplatePeek>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct TemplatePeek {
+    metadata: Option<TemplateMetadataPeek>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct TemplateMetadataPeek {
+    annotations: Option<serde_json::Map<String, Value>>,
+}
+
+impl SpecPeek {
+    fn fingerprint(&self) -> Option<&str> {
+        let annotations = self.template.as_ref()?.metadata.as_ref()?.annotations.as_ref()?;
+        annotations.get(ANNOTATION_FINGERPRINT)?.as_str()
+    }
+}
+
 impl Live {
     /// Reads what observe needs of `o` and keeps the fields a rendering can
-    /// set as text (one serialization, no intermediate copy of the object).
+    /// set as text: the server's own text of each field, joined, with the
+    /// metadata observe keeps (nothing else of the object is decoded).
     pub(super) fn of(kind: &str, o: OwnedObject) -> Live {
-        Self::read(kind, o, |data, uid, gateway| {
-            let fingerprint = data["spec"]["template"]["metadata"]["annotations"]
-                [ANNOTATION_FINGERPRINT]
-                .as_str();
-            let text = serde_json::to_string(data).unwrap_or_default();
-            Judgement::Pending(Unjudged::of(&text, uid, fingerprint, gateway))
+        let status = match kind {
+            "Deployment" | "Ingress" => {
+                o.field("status").and_then(|s| serde_json::from_str(s).ok())
+            }
+            _ => None,
+        };
+        let spec: SpecPeek = match kind {
+            "Deployment" => o.field("spec").and_then(|s| serde_json::from_str(s).ok()),
+            _ => None,
+        }
+        .unwrap_or_default();
+        let reading = reading(kind, o.metadata.generation, spec.replicas.as_ref(), status);
+        let metadata = kept_metadata(&o.metadata).to_string();
+        let size =
+            o.fields.iter().map(|(name, raw)| name.len() + raw.get().len() + 4).sum::<usize>();
+        let mut text = String::with_capacity(metadata.len() + size + 16);
+        text.push_str("{\"metadata\":");
+        text.push_str(&metadata);
+        for (name, raw) in o.fields.iter().filter(|(name, _)| &**name != "status") {
+            text.push(',');
+            text.push_str(&Value::from(&**name).to_string());
+            text.push(':');
+            text.push_str(raw.get());
+        }
+        text.push('}');
+        Live::new(&o.metadata, reading, |uid, gateway| {
+            Judgement::Pending(Unjudged::of(&text, uid, spec.fingerprint(), gateway))
         })
     }
 
@@ -169,59 +288,28 @@ impl Live {
         manifest: &Value,
         fingerprint: &Arc<str>,
     ) -> Live {
-        Self::read(kind, o.into(), |data, _, _| judge(data, manifest, fingerprint))
+        let DynamicObject { metadata, mut data, .. } = o;
+        let status = data.as_object_mut().and_then(|d| d.remove("status"));
+        let replicas = data.get("spec").and_then(|s| s.get("replicas"));
+        let reading = reading(kind, metadata.generation, replicas, status);
+        if let Some(fields) = data.as_object_mut() {
+            fields.insert("metadata".into(), kept_metadata(&metadata));
+        }
+        Live::new(&metadata, reading, |_, _| judge(&data, manifest, fingerprint))
     }
 
-    /// What observe needs of `o` besides drift, and `judgement` of the
-    /// fields a rendering can set (status and server-only metadata gone),
-    /// given the gateway's uid and name.
-    fn read(
-        kind: &str,
-        o: OwnedObject,
-        judgement: impl FnOnce(&Value, Option<&str>, Option<&str>) -> Judgement,
+    /// The entry of an object with `metadata`, given what observe reads of
+    /// it and its `judgement` (which is given the gateway's uid and name).
+    fn new(
+        metadata: &ObjectMeta,
+        reading: Option<Reading>,
+        judgement: impl FnOnce(Option<&str>, Option<&str>) -> Judgement,
     ) -> Live {
-        let OwnedObject { metadata, mut data } = o;
         let label = |key: &str| {
             metadata.labels.as_ref().and_then(|l| l.get(key)).map(|v| Arc::from(v.as_str()))
         };
-        let status = data.as_object_mut().and_then(|d| d.remove("status"));
-        let reading = match kind {
-            "Deployment" => {
-                let replicas =
-                    data["spec"]["replicas"].as_i64().and_then(|r| i32::try_from(r).ok());
-                let deployment = Deployment {
-                    metadata: kube::api::ObjectMeta {
-                        generation: metadata.generation,
-                        ..Default::default()
-                    },
-                    spec: Some(k8s_openapi::api::apps::v1::DeploymentSpec {
-                        replicas,
-                        ..Default::default()
-                    }),
-                    status: status.and_then(|s| serde_json::from_value(s).ok()),
-                };
-                Some(Reading::Rollout(rollout(&deployment)))
-            }
-            "Ingress" => {
-                let lb = status.as_ref().map(|s| &s["loadBalancer"]["ingress"][0]);
-                let address = lb
-                    .and_then(|lb| {
-                        lb["hostname"].as_str().filter(|h| !h.is_empty()).or(lb["ip"].as_str())
-                    })
-                    .unwrap_or("");
-                Some(Reading::Route { address: address.into() })
-            }
-            _ => None,
-        };
-        let kept = serde_json::json!({
-            "name": metadata.name, "namespace": metadata.namespace,
-            "labels": metadata.labels, "annotations": metadata.annotations,
-        });
-        if let Some(fields) = data.as_object_mut() {
-            fields.insert("metadata".into(), kept);
-        }
         let (gateway, uid) = (label(LABEL_GATEWAY), label(LABEL_GATEWAY_UID));
-        let judgement = judgement(&data, uid.as_deref(), gateway.as_deref());
+        let judgement = judgement(uid.as_deref(), gateway.as_deref());
         Live {
             gateway,
             uid,
@@ -634,6 +722,45 @@ mod tests {
         assert_eq!(&**address, "10.0.0.9");
     }
 
+    /// Cut in one pass, a text comes back exactly, whatever the values
+    /// match: each other, parts of each other, neighbours, nothing.
+    #[test]
+    fn cut_values_are_restored_exactly_however_they_overlap() {
+        let cases = [
+            (r#"{"a":"u-1","b":"edge-u-1","c":"f00d"}"#, Some("u-1"), Some("f00d"), Some("edge")),
+            ("edgeedge u-1u-1 f00dedge", Some("u-1"), Some("f00d"), Some("edge")),
+            // The gateway's name inside the uid, and the other way round.
+            ("abc ab bc abcab", Some("abc"), None, Some("ab")),
+            ("abc ab bc abcab", Some("bc"), None, Some("abc")),
+            // Overlapping occurrences of different values.
+            ("aaaa abab", Some("aa"), Some("ab"), Some("ba")),
+            ("nothing to cut", Some("zz"), Some("yy"), Some("xx")),
+            ("empty values are not cut", Some(""), None, Some("")),
+            ("", Some("u"), Some("f"), Some("g")),
+            ("ünïcödé ü-1 édge", Some("ü-1"), None, Some("édge")),
+        ];
+        for (text, uid, fingerprint, gateway) in cases {
+            let unjudged = Unjudged::of(text, uid, fingerprint, gateway);
+            assert_eq!(unjudged.text(uid, gateway), text, "{text:?}");
+        }
+        let cut = Unjudged::of(cases[0].0, cases[0].1, cases[0].2, cases[0].3);
+        assert_eq!(&*cut.shape, "{\"a\":\"\u{1}\",\"b\":\"\u{3}-\u{1}\",\"c\":\"\u{2}\"}");
+        // What the cuts are for: alike objects of two gateways, one shape.
+        let edge = Unjudged::of(
+            r#"{"n":"edge","u":"u-1","f":"f1"}"#,
+            Some("u-1"),
+            Some("f1"),
+            Some("edge"),
+        );
+        let core = Unjudged::of(
+            r#"{"n":"core","u":"u-2","f":"f2"}"#,
+            Some("u-2"),
+            Some("f2"),
+            Some("core"),
+        );
+        assert_eq!(edge.shape, core.shape);
+    }
+
     #[test]
     fn objects_of_gateways_rendered_alike_share_their_text_until_judged() {
         let deployment = |gateway: &str, uid: &str, fingerprint: &str| {
@@ -665,7 +792,7 @@ mod tests {
             [("edge", "u-1", "f00d"), ("core", "u-2", "beef"), ("a", "u-3", "cafe")]
         {
             let o = deployment(gateway, uid, fingerprint);
-            let mut expected = o.data.clone();
+            let mut expected = o.data();
             let labels = serde_json::to_value(&o.metadata.labels).unwrap();
             expected["metadata"] = json!({"name": gateway, "namespace": "default", "labels": labels, "annotations": null});
             let mut live = Live::of("Deployment", o);

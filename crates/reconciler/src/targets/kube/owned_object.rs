@@ -1,43 +1,132 @@
-//! An owned object as the watches decode it: its metadata and the rest of
-//! its fields, each decoded once. `DynamicObject` holds the same, but its
-//! fields are `#[serde(flatten)]`, so serde buffers every object whole into
-//! its own intermediate form and decodes it a second time into a `Value`
-//! (27.5 % of the reconciler's CPU in a profile of a cold start over 20,000
-//! gateways, docs/benchmarks.md). Here the object is decoded into a JSON
-//! map once, and its metadata taken out of that map.
+//! An owned object as the watches decode it: its metadata, and the rest
+//! of its fields as the text the server sent. `DynamicObject` decodes
+//! every field into a `Value` (through serde's intermediate form, as its
+//! fields are `#[serde(flatten)]`), and the cache turned that `Value` back
+//! into text; at a cold start over 20,000 gateways the decoding, the
+//! re-serializing and dropping the values took over a third of the
+//! reconciler's CPU (docs/benchmarks.md). Here each field other than the
+//! metadata is only scanned, and the metadata is decoded without its
+//! `managedFields` (the largest part of it, which nothing reads).
 
 use std::borrow::Cow;
+use std::fmt;
 
 use kube::api::{ApiResource, DynamicObject, ObjectMeta};
 use kube::core::DynamicResourceScope;
-use serde::de::Error as _;
+use serde::de::{Error as _, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
-/// An object of an owned kind: `metadata`, and `data` the other fields
-/// without `apiVersion` and `kind` (as `DynamicObject`'s `data`).
-#[derive(Debug, Clone, PartialEq)]
+/// An object of an owned kind: `metadata` (without `managedFields`), and
+/// its other fields but `apiVersion` and `kind`, each as the JSON text the
+/// server sent, in the order it sent them.
+#[derive(Debug, Clone)]
 pub(super) struct OwnedObject {
     pub(super) metadata: ObjectMeta,
-    pub(super) data: Value,
+    pub(super) fields: Vec<(Box<str>, Box<RawValue>)>,
+}
+
+impl OwnedObject {
+    /// The text of the field `name`, if the object has it.
+    pub(super) fn field(&self, name: &str) -> Option<&str> {
+        self.fields.iter().find(|(n, _)| &**n == name).map(|(_, raw)| raw.get())
+    }
+
+    /// The fields as one JSON map (what `DynamicObject`'s `data` holds).
+    #[cfg(test)]
+    pub(super) fn data(&self) -> Value {
+        let fields = self.fields.iter().map(|(name, raw)| {
+            (name.to_string(), serde_json::from_str(raw.get()).expect("the server's JSON"))
+        });
+        Value::Object(fields.collect())
+    }
+}
+
+impl PartialEq for OwnedObject {
+    fn eq(&self, other: &Self) -> bool {
+        let fields = |o: &OwnedObject| {
+            o.fields.iter().map(|(n, raw)| (n.clone(), raw.get().to_string())).collect::<Vec<_>>()
+        };
+        self.metadata == other.metadata && fields(self) == fields(other)
+    }
 }
 
 impl<'de> Deserialize<'de> for OwnedObject {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let mut fields = Map::<String, Value>::deserialize(deserializer)?;
-        let metadata = match fields.remove("metadata") {
-            Some(metadata) => ObjectMeta::deserialize(metadata).map_err(D::Error::custom)?,
-            None => ObjectMeta::default(),
-        };
-        fields.remove("apiVersion");
-        fields.remove("kind");
-        Ok(OwnedObject { metadata, data: Value::Object(fields) })
+        deserializer.deserialize_map(ObjectVisitor)
+    }
+}
+
+struct ObjectVisitor;
+
+impl<'de> Visitor<'de> for ObjectVisitor {
+    type Value = OwnedObject;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a Kubernetes object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<OwnedObject, A::Error> {
+        let mut metadata = None;
+        let mut fields = Vec::new();
+        while let Some(name) = map.next_key::<String>()? {
+            match &*name {
+                "metadata" => metadata = Some(map.next_value::<Metadata>()?.0),
+                "apiVersion" | "kind" => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+                _ => fields.push((name.into_boxed_str(), map.next_value::<Box<RawValue>>()?)),
+            }
+        }
+        Ok(OwnedObject { metadata: metadata.unwrap_or_default(), fields })
+    }
+}
+
+/// `ObjectMeta` decoded without `managedFields`.
+struct Metadata(ObjectMeta);
+
+impl<'de> Deserialize<'de> for Metadata {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct MetadataVisitor;
+        impl<'de> Visitor<'de> for MetadataVisitor {
+            type Value = Map<String, Value>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object's metadata")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut kept = Map::new();
+                while let Some(name) = map.next_key::<String>()? {
+                    if name == "managedFields" {
+                        map.next_value::<IgnoredAny>()?;
+                    } else {
+                        kept.insert(name, map.next_value()?);
+                    }
+                }
+                Ok(kept)
+            }
+        }
+        let kept = deserializer.deserialize_map(MetadataVisitor)?;
+        ObjectMeta::deserialize(Value::Object(kept)).map(Metadata).map_err(D::Error::custom)
     }
 }
 
 impl From<DynamicObject> for OwnedObject {
     fn from(o: DynamicObject) -> Self {
-        OwnedObject { metadata: o.metadata, data: o.data }
+        let fields = match o.data {
+            Value::Object(fields) => fields
+                .into_iter()
+                .filter(|(name, _)| !matches!(name.as_str(), "apiVersion" | "kind"))
+                .filter_map(|(name, value)| {
+                    Some((name.into_boxed_str(), serde_json::value::to_raw_value(&value).ok()?))
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
+        let metadata = ObjectMeta { managed_fields: None, ..o.metadata };
+        OwnedObject { metadata, fields }
     }
 }
 
@@ -79,8 +168,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    /// Decoded once, the object holds what `DynamicObject` holds, for the
-    /// objects the API server sends (a list's items, a watch's events).
+    /// The object holds what `DynamicObject` holds but `managedFields`, for
+    /// the objects the API server sends (a list's items, a watch's events).
     #[test]
     fn an_object_decodes_to_what_a_dynamic_object_holds() {
         let text = json!({
@@ -98,7 +187,14 @@ mod tests {
         let dynamic: DynamicObject = serde_json::from_str(&text).unwrap();
         assert_eq!(owned, OwnedObject::from(dynamic));
         assert_eq!(owned.metadata.resource_version.as_deref(), Some("42"));
-        assert!(owned.data.get("kind").is_none() && owned.data.get("metadata").is_none());
+        let data = owned.data();
+        assert!(data.get("kind").is_none() && data.get("metadata").is_none());
+        assert_eq!(owned.metadata.managed_fields, None, "nothing reads them");
+        // Each field is the text the server sent, not decoded.
+        assert_eq!(
+            owned.field("spec"),
+            Some(r#"{"replicas":2,"template":{"metadata":{"annotations":{"a":"b"}}}}"#)
+        );
 
         // A list, as the watcher's list call decodes it.
         let list =
