@@ -58,10 +58,12 @@ fn difference(
                 _ => None,
             };
             let key_of = |v: &Value| item_key(v, keys, defaults);
+            // Each live item's key once, not once per wanted item.
+            let live: Vec<(String, &Value)> = l.iter().map(|v| (key_of(v), v)).collect();
             w.iter().find_map(|wanted| {
                 let key = key_of(wanted);
-                match l.iter().find(|candidate| key_of(candidate) == key) {
-                    Some(found) => difference(schema, item, found, wanted, false)
+                match live.iter().find(|(candidate, _)| *candidate == key) {
+                    Some((_, found)) => difference(schema, item, found, wanted, false)
                         .map(|p| format!("[{key}]{p}")),
                     None => Some(format!("[{key}]")),
                 }
