@@ -722,6 +722,69 @@ mod tests {
         assert_eq!(&**address, "10.0.0.9");
     }
 
+    /// The watch's object (kept as the server's text) and an apply's
+    /// answer (decoded) are judged alike: a rendered Deployment (over 3 KB)
+    /// as the server sends it back (server metadata, `managedFields`,
+    /// status) has no drift either way, and a changed value is the same
+    /// drift either way.
+    #[test]
+    fn a_watched_object_is_judged_as_an_applied_one() {
+        use gantry_api::v1::{Gateway, GatewaySpec, ObjectMeta as GatewayMeta};
+        let gateway = Gateway {
+            metadata: Some(GatewayMeta {
+                name: "edge".into(),
+                uid: "0b9c6a52-8d1e-4f7a-9a51-3c2f1e0d4b6a".into(),
+                generation: 3,
+                ..Default::default()
+            }),
+            spec: Some(GatewaySpec {
+                image: "ghcr.io/acme/gateway:1.0".into(),
+                replicas: Some(2),
+                ..Default::default()
+            }),
+            status: None,
+        };
+        let rendered = crate::render::render(&gateway, &crate::render::RenderSettings::default());
+        let manifest = rendered.get("Deployment").unwrap();
+        let fingerprint: Arc<str> = rendered.fingerprint.as_str().into();
+        let served = |image: &str| {
+            let mut o = manifest.body.clone();
+            o["metadata"]["uid"] = json!("server-uid");
+            o["metadata"]["resourceVersion"] = json!("41");
+            o["metadata"]["generation"] = json!(1);
+            o["metadata"]["managedFields"] = json!([{"manager": "gantry-reconciler", "operation": "Apply", "fieldsV1": {"f:spec": {}}}]);
+            o["spec"]["template"]["spec"]["containers"][0]["image"] = json!(image);
+            o["spec"]["progressDeadlineSeconds"] = json!(600);
+            o["status"] = json!({"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "availableReplicas": 2});
+            o
+        };
+        let image = manifest.body["spec"]["template"]["spec"]["containers"][0]["image"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        for (image, drifted) in [(image.as_str(), false), ("ghcr.io/acme/gateway:0.9", true)] {
+            let text = served(image).to_string();
+            assert!(text.len() > 3000, "a production Deployment's KBs: {}", text.len());
+            let watched = Live::of("Deployment", serde_json::from_str(&text).unwrap());
+            let applied = Live::answered(
+                "Deployment",
+                serde_json::from_str(&text).unwrap(),
+                &manifest.body,
+                &fingerprint,
+            );
+            assert_eq!(watched.reading, applied.reading);
+            assert_eq!(watched.reading.as_deref(), Some(&Reading::Rollout(Workload::Available)));
+            let Judgement::Pending(unjudged) = &watched.judgement else { panic!("judged") };
+            let pods = &manifest.body["spec"]["template"]["metadata"]["annotations"]
+                [ANNOTATION_FINGERPRINT];
+            assert_eq!(unjudged.fingerprint.as_deref(), pods.as_str(), "read from the text");
+            let (from_text, _) = watched.drift_from(true, &manifest.body, &fingerprint);
+            let (from_value, _) = applied.drift_from(true, &manifest.body, &fingerprint);
+            assert_eq!(from_text, from_value, "{image}");
+            assert_eq!(from_text.is_some(), drifted, "{image}: {from_text:?}");
+        }
+    }
+
     /// Cut in one pass, a text comes back exactly, whatever the values
     /// match: each other, parts of each other, neighbours, nothing.
     #[test]
