@@ -11,7 +11,9 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use kube::api::{ApiResource, DynamicObject, ObjectMeta};
+#[cfg(test)]
+use kube::api::DynamicObject;
+use kube::api::{ApiResource, ObjectMeta};
 use kube::core::DynamicResourceScope;
 use serde::de::{Error as _, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
@@ -43,6 +45,8 @@ impl OwnedObject {
     }
 }
 
+/// Test oracle: equal metadata and the same field texts.
+#[cfg(test)]
 impl PartialEq for OwnedObject {
     fn eq(&self, other: &Self) -> bool {
         let fields = |o: &OwnedObject| {
@@ -113,6 +117,8 @@ impl<'de> Deserialize<'de> for Metadata {
     }
 }
 
+/// Test oracle: what `DynamicObject` decodes, as this type holds it.
+#[cfg(test)]
 impl From<DynamicObject> for OwnedObject {
     fn from(o: DynamicObject) -> Self {
         let fields = match o.data {
