@@ -66,14 +66,38 @@ pub struct Args {
     /// lowest and highest (one run's ratio moves by up to 2.5× here).
     #[arg(long, global = true, env = "GANTRY_BENCH_RUNS", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub(crate) runs: u32,
+    /// `write` and `versus`: these numbers of concurrent writers (e.g.
+    /// `1` or `16,64`) instead of the scenario's own.
+    #[arg(long, global = true, env = "GANTRY_BENCH_CLIENTS", value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) clients: Vec<u64>,
+    /// `versus` only: just its write cases, or just its watch cases.
+    #[arg(long, global = true, env = "GANTRY_BENCH_CASES", value_enum, default_value_t = Cases::All)]
+    pub(crate) cases: Cases,
     #[command(subcommand)]
     pub(crate) scenario: Scenario,
+}
+
+/// Which of `versus`'s cases run.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cases {
+    All,
+    Write,
+    Watch,
 }
 
 impl Args {
     /// The CPUs of the server under test, when pinned.
     pub(crate) fn server_cpus(&self) -> Option<&str> {
         self.pin.as_ref().map(|p| p.server.as_str())
+    }
+
+    /// `--clients` if given, else `default`.
+    pub(crate) fn clients_or(&self, default: &[usize]) -> Vec<usize> {
+        if self.clients.is_empty() {
+            default.to_vec()
+        } else {
+            self.clients.iter().map(|&c| c as usize).collect()
+        }
     }
 }
 

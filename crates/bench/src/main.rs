@@ -23,7 +23,7 @@ use std::time::Duration;
 use clap::Parser;
 use serde_json::{json, Value};
 
-use crate::args::{Args, ClusterKind, Scenario};
+use crate::args::{Args, Cases, ClusterKind, Scenario};
 use crate::reconciling::{converge, idle, scale};
 use crate::versus::{read, versus_row, watch, write, Carry, Pace, System};
 
@@ -46,8 +46,8 @@ async fn run(args: &Args, scenario: Scenario) -> anyhow::Result<Vec<Value>> {
         Scenario::Write => {
             let (clients, seconds): (&[usize], u64) =
                 if quick { (&[1, 16], 2) } else { (&[1, 16, 64, 256], 10) };
-            for c in clients {
-                out.push(write(args, System::Gantry, *c, secs(seconds)).await?);
+            for c in args.clients_or(clients) {
+                out.push(write(args, System::Gantry, c, secs(seconds)).await?);
             }
         }
         Scenario::Watch => {
@@ -187,10 +187,14 @@ async fn versus_once(args: &Args, order: [System; 2]) -> anyhow::Result<Vec<Valu
     let mut out = Vec::new();
     let (clients, seconds): (&[usize], u64) =
         if quick { (&[1, 16], 2) } else { (&[1, 16, 64], 10) };
+    let clients = if args.cases == Cases::Watch { Vec::new() } else { args.clients_or(clients) };
     for c in clients {
-        let (e, g) = in_order(order, |system| write(args, system, *c, secs(seconds))).await?;
+        let (e, g) = in_order(order, |system| write(args, system, c, secs(seconds))).await?;
         out.push(versus_row("write", json!(c), &g, &e, "writes_per_s", "latency"));
         out.extend([e, g]);
+    }
+    if args.cases == Cases::Write {
+        return Ok(out);
     }
     // (watchers, connections, pace). Back to back, each side writes
     // as fast as it acknowledges (etcd slows its Puts while it fans
