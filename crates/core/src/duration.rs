@@ -1,9 +1,9 @@
-//! Human durations for flags: `500ms`, `30s`, `5m`, `1h`, `1h30m`.
+//! Human durations for flags: `250us`, `500ms`, `30s`, `5m`, `1h`, `1h30m`.
 
 use std::time::Duration;
 
-/// Parses a duration made of `<number><unit>` parts, units `ms`, `s`, `m`,
-/// `h`, `d`.
+/// Parses a duration made of `<number><unit>` parts, units `us` (or `µs`),
+/// `ms`, `s`, `m`, `h`, `d`.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let invalid = || format!("{text:?} is not a duration such as 500ms, 30s, 5m or 1h30m");
     let mut rest = text.trim();
@@ -24,6 +24,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         rest = &rest[digits..];
         let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
         let part = match &rest[..unit_len] {
+            "us" | "µs" => Duration::from_micros(value),
             "ms" => Duration::from_millis(value),
             "s" => Duration::from_secs(value),
             "m" => Duration::from_secs(value.saturating_mul(60)),
@@ -52,6 +53,8 @@ mod tests {
     #[test]
     fn parses_units_and_sums() {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration("1ms250µs"), Ok(Duration::from_micros(1250)));
         assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
         assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
         assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(172_800)));

@@ -43,7 +43,7 @@ pub struct Lane {
 /// Applies `priority` to the calling thread, logging what the kernel
 /// refused (the work then runs at a higher priority than asked, never
 /// not at all).
-fn lower_priority(thread: &str, priority: Priority) {
+pub(crate) fn lower_priority(thread: &str, priority: Priority) {
     let Priority::Idle { fallback_nice: nice } = priority else { return };
     use thread_priority::{NormalThreadSchedulePolicy, ThreadPriority, ThreadSchedulePolicy};
     let idle = ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Idle);

@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod awake;
 pub mod background;
 pub mod config;
 mod error;

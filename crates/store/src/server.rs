@@ -14,6 +14,7 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tower::Layer;
 
 use crate::auth;
+use crate::awake::{self, Awake};
 use crate::background::{self, Background};
 use crate::error::ServeError;
 use crate::grpc::conn::{self, ActiveCallsLayer, Connections};
@@ -59,10 +60,13 @@ impl Core {
                 lag_bytes: settings.watch.subscriber_bytes,
             },
         ));
+        let awake = Awake::start(settings.commit_spin)
+            .map_err(|source| ServeError::Thread { thread: awake::THREAD, source })?;
         let (writer, writer_task) = Writer::new(
             settings.storage.for_writer(),
             hub.clone(),
             metrics.write_batches_failed.clone(),
+            awake,
         );
         let lane = Lane::start(writer::THREAD, Priority::Normal)
             .map_err(|source| ServeError::Thread { thread: writer::THREAD, source })?;

@@ -23,6 +23,9 @@ pub struct Settings {
     pub tls: Option<Tls>,
     pub watch: WatchSettings,
     pub limits: Limits,
+    /// How long a thread keeps the CPU awake after the last write's answer
+    /// (0: no thread); see [`crate::awake`].
+    pub commit_spin: Duration,
 }
 
 /// TLS on the gRPC listener.
@@ -193,7 +196,8 @@ pub async fn settings_from_config(config: &Config) -> Result<Settings, ServeErro
             viewer_bytes_per_second: config.limits.fair_viewer_bytes_per_second,
         },
     };
-    Ok(Settings { storage, auth: Arc::new(auth), tls, watch, limits })
+    let commit_spin = config.commit_spin;
+    Ok(Settings { storage, auth: Arc::new(auth), tls, watch, limits, commit_spin })
 }
 
 /// The authenticators and role bindings the flags name.

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::awake::Awake;
 use crate::storage::{Committed, Mutation, PendingWrite, Storage, StorageError};
 use crate::watch::hub::WatchHub;
 
@@ -33,6 +34,8 @@ struct Job {
 #[derive(Debug, Clone)]
 pub struct Writer {
     queue: mpsc::Sender<Job>,
+    /// Told of each write from its queueing to its answer.
+    awake: Option<Arc<Awake>>,
 }
 
 impl std::fmt::Debug for Job {
@@ -45,14 +48,15 @@ impl Writer {
     /// A writer and the task that serves it, for the caller to spawn. The
     /// task ends when every `Writer` handle is dropped, after finishing the
     /// writes already queued. `failed` counts the batches that did not
-    /// commit.
+    /// commit; `awake`, if any, is told of every write while it waits.
     pub fn new(
         storage: Arc<dyn Storage>,
         hub: Arc<WatchHub>,
         failed: Counter,
+        awake: Option<Arc<Awake>>,
     ) -> (Writer, impl std::future::Future<Output = ()> + Send + 'static) {
         let (queue, jobs) = mpsc::channel(QUEUE);
-        (Writer { queue }, run(jobs, storage, hub, failed))
+        (Writer { queue, awake }, run(jobs, storage, hub, failed))
     }
 
     /// Runs `mutation` on the row `name` in the next batch; answers after
@@ -65,6 +69,7 @@ impl Writer {
         mutation: Mutation,
         dry_run: bool,
     ) -> Result<Committed, StorageError> {
+        let _waiting = self.awake.as_ref().map(Awake::wait);
         let (reply, answer) = oneshot::channel();
         let write = PendingWrite { name: name.to_string(), mutation, dry_run };
         let job = Job { write, reply };

@@ -139,6 +139,7 @@ impl TestStore {
             tls: None,
             watch: watch.clone(),
             limits: Default::default(),
+            commit_spin: gantry_store::awake::DEFAULT_LINGER,
         };
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
