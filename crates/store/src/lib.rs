@@ -11,8 +11,9 @@
 //!                    (TokenReview), role bindings
 //! writer             group commit: many writes, one transaction, on a
 //!                    thread of its own (lane)
-//! background, lane   threads of their own: the writer's, and the
-//!                    viewers' lists at a lower CPU priority
+//! background, lane,  threads of their own: the writer's, the viewers'
+//! awake              lists at a lower CPU priority, and one keeping the
+//!                    CPU awake while writes wait
 //! watch/             hub (byte-bounded cache), stream (one per subscriber,
 //!                    ends with a WatchEnd), tailer, compactor
 //! storage/           the Storage trait; SQLite and PostgreSQL
