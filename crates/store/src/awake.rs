@@ -14,13 +14,21 @@
 //!
 //! The thread here spins while any write waits for its commit, and for
 //! [`Awake::start`]'s `linger` after the last answer. It runs at
-//! `SCHED_IDLE` ([`crate::lane::Priority::Idle`]), so any other thread
-//! that wakes up takes its CPU at once: it spends only CPU time nothing
-//! else wants, and no spin outlasts [`MOST_WITHOUT_PROGRESS`] without a
-//! write being asked or answered. It does not spin in a cgroup with a CPU
-//! quota (a Kubernetes CPU limit): time spent spinning counts against the
-//! quota, and a spent quota stops every thread of the process until the
-//! next period.
+//! `SCHED_IDLE` ([`crate::lane::Priority::Idle`]), so any other thread of
+//! the process that wakes up takes its CPU at once, and no spin outlasts
+//! [`MOST_WITHOUT_PROGRESS`] without a write being asked or answered. It
+//! does not spin in a cgroup with a CPU quota (a Kubernetes CPU limit):
+//! time spent spinning counts against the quota, and a spent quota stops
+//! every thread of the process until the next period.
+//!
+//! **It is off unless asked for (`--commit-spin`)**, because `SCHED_IDLE`
+//! only ranks a thread among those of its own task group. To the kernel,
+//! a spinning store is a busy cgroup (or autogroup) like any other, and a
+//! process of another one that wakes on the same CPU may wait for the
+//! store's time slice to end, up to a scheduler tick: with PostgreSQL
+//! sharing the store's CPU, a 1-client write took 4.0 ms instead of
+//! about 1 ms. Turn it on where the store has its CPUs to itself, with
+//! SQLite or a database on other CPUs.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -33,10 +41,10 @@ use crate::lane::{lower_priority, Priority};
 /// The thread's name.
 pub const THREAD: &str = "gantry-awake";
 
-/// The default `linger`: longer than a client's round trip on one machine
-/// (about 0.1 ms), short enough that a store written once a second spins
-/// well under 0.1 % of the time.
-pub const DEFAULT_LINGER: Duration = Duration::from_micros(250);
+/// The `linger` measured best on one machine: longer than a client's round
+/// trip there (about 0.1 ms), short enough that a store written once a
+/// second spins well under 0.1 % of the time.
+pub const SUGGESTED_LINGER: Duration = Duration::from_micros(250);
 
 /// The longest the thread spins with writes waiting but none asked or
 /// answered (a commit held up by a lock, a database gone slow); it then
@@ -312,7 +320,7 @@ mod tests {
     #[test]
     fn zero_linger_starts_no_thread_and_the_thread_ends_with_the_last_handle() {
         assert!(Awake::start(Duration::ZERO).unwrap().is_none());
-        let Some(awake) = Awake::start(DEFAULT_LINGER).unwrap() else { return };
+        let Some(awake) = Awake::start(SUGGESTED_LINGER).unwrap() else { return };
         let task = format!("/proc/self/task/{}", awake.tid.expect("a thread id"));
         assert!(Path::new(&task).exists());
         let waiting = awake.wait();

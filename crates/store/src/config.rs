@@ -39,11 +39,12 @@ pub struct Config {
 
     /// While a write waits for its commit, and for this long after the
     /// last answer, a thread of idle CPU priority spins, so that the
-    /// disk's answer and the client's next request find the CPU awake
-    /// (a halted CPU is slow to wake in a virtual machine). It takes only
-    /// CPU time no other thread wants, and never runs under a CPU quota.
-    /// 0 turns it off.
-    #[arg(long, env = "GANTRY_COMMIT_SPIN", default_value = "250us", value_parser = gantry_core::duration::parse_duration)]
+    /// disk's answer and the client's next request find the CPU awake (a
+    /// halted CPU is slow to wake in a virtual machine; 250us measured
+    /// best). Only for a store with its CPUs to itself: processes of other
+    /// cgroups on the same CPU may wait up to a scheduler tick. Never runs
+    /// under a CPU quota. 0 (the default) turns it off.
+    #[arg(long, env = "GANTRY_COMMIT_SPIN", default_value = "0", value_parser = gantry_core::duration::parse_duration)]
     pub commit_spin: Duration,
 
     #[command(flatten)]
@@ -355,11 +356,11 @@ mod tests {
     }
 
     #[test]
-    fn commit_spin_defaults_to_the_awake_threads_linger_and_zero_turns_it_off() {
+    fn commit_spin_is_off_unless_asked_for() {
         let config = Config::parse_from(["gateway-store"]);
-        assert_eq!(config.commit_spin, crate::awake::DEFAULT_LINGER);
-        let off = Config::parse_from(["gateway-store", "--commit-spin", "0"]);
-        assert_eq!(off.commit_spin, Duration::ZERO);
+        assert_eq!(config.commit_spin, Duration::ZERO);
+        let on = Config::parse_from(["gateway-store", "--commit-spin", "250us"]);
+        assert_eq!(on.commit_spin, crate::awake::SUGGESTED_LINGER);
     }
 
     #[test]

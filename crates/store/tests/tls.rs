@@ -85,7 +85,7 @@ async fn serve(
         }),
         watch: gantry_store::WatchSettings::default(),
         limits: gantry_store::Limits::default(),
-        commit_spin: gantry_store::awake::DEFAULT_LINGER,
+        commit_spin: std::time::Duration::ZERO,
     };
     let grpc = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -139,7 +139,14 @@ impl TestStore {
             tls: None,
             watch: watch.clone(),
             limits: Default::default(),
-            commit_spin: gantry_store::awake::DEFAULT_LINGER,
+            // On with SQLite (off by default), so that the suites' writes
+            // and faults run with the thread spinning beside them; off with
+            // PostgreSQL, whose processes may share the CPU (awake.rs).
+            commit_spin: if database.url.starts_with("postgres") {
+                Duration::ZERO
+            } else {
+                gantry_store::awake::SUGGESTED_LINGER
+            },
         };
         let grpc = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let http = TcpListener::bind("127.0.0.1:0").await.unwrap();
