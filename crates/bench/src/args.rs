@@ -61,6 +61,12 @@ pub struct Args {
     /// CPUs SERVER, this process and what it starts besides on LOAD.
     #[arg(long, global = true, env = "GANTRY_BENCH_PIN")]
     pub(crate) pin: Option<crate::pinning::Pin>,
+    /// Hold a 0 µs latency constraint on the CPUs' idle states for the run
+    /// (`/dev/cpu_dma_latency`, root only): idle CPUs poll instead of
+    /// halting, as under tuned's latency-performance profile, for every
+    /// process measured alike.
+    #[arg(long, global = true, env = "GANTRY_BENCH_CPU_LATENCY_QOS")]
+    pub(crate) cpu_latency_qos: bool,
     /// `versus` only: the whole side-by-side run this many times, the
     /// server that goes first alternating, then each ratio's median,
     /// lowest and highest (one run's ratio moves by up to 2.5× here).

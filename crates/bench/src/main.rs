@@ -117,6 +117,7 @@ async fn main() -> anyhow::Result<()> {
         }
         None => None,
     };
+    let _idle_polling = args.cpu_latency_qos.then(pinning::IdlePolling::hold).transpose()?;
     let scenarios: Vec<Scenario> = match args.scenario {
         Scenario::All => vec![
             Scenario::Read,

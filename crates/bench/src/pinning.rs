@@ -175,3 +175,28 @@ mod tests {
         assert_eq!(allowed.split_whitespace().nth(1), Some("0"));
     }
 }
+
+/// `--cpu-latency-qos`: a latency constraint of 0 µs on every CPU's idle
+/// state (`/dev/cpu_dma_latency`, root only), held while the value lives.
+/// The kernel's idle loop then polls instead of halting the CPU, as tuned's
+/// `latency-performance` profile makes it. On a virtual machine, waking a
+/// halted CPU goes through the hypervisor and is the largest part of a
+/// 1-client write for both servers, and the most variable: this takes it
+/// out of the comparison, for etcd and gantry alike.
+#[derive(Debug)]
+pub struct IdlePolling {
+    _held: std::fs::File,
+}
+
+impl IdlePolling {
+    pub fn hold() -> anyhow::Result<IdlePolling> {
+        use std::io::Write as _;
+        let path = "/dev/cpu_dma_latency";
+        let mut held = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .with_context(|| format!("open {path} (needs root) for --cpu-latency-qos"))?;
+        held.write_all(&0i32.to_ne_bytes()).with_context(|| format!("write 0 to {path}"))?;
+        Ok(IdlePolling { _held: held })
+    }
+}
