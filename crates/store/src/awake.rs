@@ -221,11 +221,12 @@ mod tests {
 
     #[test]
     fn quota_files_cover_both_hierarchies_up_to_their_roots() {
-        let root = Path::new("/sys/fs/cgroup");
-        let v2 = quota_files("0::/kubepods/pod1/c1\n", root);
-        let v2: Vec<_> = v2.iter().map(|p| p.to_str().unwrap()).collect();
+        let files = |proc_self_cgroup: &str| -> Vec<String> {
+            let files = quota_files(proc_self_cgroup, Path::new("/sys/fs/cgroup"));
+            files.iter().map(|p| p.display().to_string()).collect()
+        };
         assert_eq!(
-            v2,
+            files("0::/kubepods/pod1/c1\n"),
             [
                 "/sys/fs/cgroup/kubepods/pod1/c1/cpu.max",
                 "/sys/fs/cgroup/kubepods/pod1/cpu.max",
@@ -233,10 +234,8 @@ mod tests {
                 "/sys/fs/cgroup/cpu.max",
             ]
         );
-        let v1 = quota_files("12:memory:/a\n4:cpu,cpuacct:/a/b\n0::/\n", root);
-        let v1: Vec<_> = v1.iter().map(|p| p.to_str().unwrap()).collect();
         assert_eq!(
-            v1,
+            files("12:memory:/a\n4:cpu,cpuacct:/a/b\n0::/\n"),
             [
                 "/sys/fs/cgroup/cpu,cpuacct/a/b/cpu.cfs_quota_us",
                 "/sys/fs/cgroup/cpu,cpuacct/a/cpu.cfs_quota_us",
@@ -247,7 +246,7 @@ mod tests {
                 "/sys/fs/cgroup/cpu.max",
             ]
         );
-        assert!(quota_files("garbage\n4:cpu\n", root).is_empty());
+        assert!(files("garbage\n4:cpu\n").is_empty());
     }
 
     #[test]
@@ -274,13 +273,19 @@ mod tests {
         Duration::from_millis(ticks * 10)
     }
 
+    /// A thread lingering `linger`, or `None` (said on stderr) under a CPU
+    /// quota, where none starts.
+    fn started(linger: Duration) -> Option<Arc<Awake>> {
+        if let Some(file) = cpu_quota() {
+            eprintln!("skipped: {} sets a CPU quota, so nothing spins", file.display());
+            return None;
+        }
+        Some(Awake::start(linger).unwrap().expect("no quota, a thread"))
+    }
+
     #[test]
     fn spins_while_a_write_waits_and_sleeps_once_the_linger_has_passed() {
-        if cpu_quota().is_some() {
-            eprintln!("skipped: this process has a CPU quota, so nothing spins");
-            return;
-        }
-        let awake = Awake::start(Duration::from_millis(20)).unwrap().expect("no quota, a thread");
+        let Some(awake) = started(Duration::from_millis(20)) else { return };
         // Asleep while no write waits: its start costs under two ticks.
         std::thread::sleep(Duration::from_millis(300));
         let idle = cpu_time(&awake);
@@ -305,11 +310,7 @@ mod tests {
 
     #[test]
     fn a_write_that_makes_no_progress_stops_the_spin() {
-        if cpu_quota().is_some() {
-            eprintln!("skipped: this process has a CPU quota, so nothing spins");
-            return;
-        }
-        let awake = Awake::start(Duration::from_millis(1)).unwrap().expect("no quota, a thread");
+        let Some(awake) = started(Duration::from_millis(1)) else { return };
         let _stuck = awake.wait();
         std::thread::sleep(MOST_WITHOUT_PROGRESS * 5);
         let settled = cpu_time(&awake);
