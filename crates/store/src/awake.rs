@@ -103,6 +103,12 @@ impl Awake {
         Ok(Some(awake))
     }
 
+    /// Writes waiting now.
+    #[cfg(test)]
+    pub(crate) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
+    }
+
     /// Marks one write as waiting until the returned guard is dropped.
     pub fn wait(self: &Arc<Self>) -> Waiting {
         self.waiting.fetch_add(1, Ordering::AcqRel);

@@ -134,3 +134,58 @@ async fn run(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use gantry_api::v1::{Gateway, ObjectMeta};
+
+    use super::*;
+    use crate::storage::sqlite::SqliteStorage;
+    use crate::watch::hub::HubLimits;
+    use gantry_core::Write;
+
+    /// The awake thread is told of a write from its queueing to its
+    /// answer, whatever holds the commit up (here another connection's
+    /// write lock), and of none after.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_is_waiting_for_the_awake_thread_until_it_is_answered() {
+        let file = gantry_testkit::temp_dir("writer-awake").join("gantry.db");
+        let storage = SqliteStorage::open(&format!("sqlite://{}", file.display())).await.unwrap();
+        let Some(awake) = Awake::start(Duration::from_micros(250)).unwrap() else {
+            eprintln!("skipped: a CPU quota is set, so no awake thread starts");
+            return;
+        };
+        let limits = HubLimits {
+            cache_events: 16,
+            cache_bytes: 1 << 20,
+            lag_events: 16,
+            lag_bytes: 1 << 20,
+        };
+        let hub = Arc::new(WatchHub::new(storage.current_revision().await.unwrap(), limits));
+        let (writer, task) =
+            Writer::new(Arc::new(storage), hub, Counter::default(), Some(awake.clone()));
+        tokio::spawn(task);
+        let other = rusqlite::Connection::open(&file).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let gateway = Gateway {
+            metadata: Some(ObjectMeta { name: "a".into(), ..Default::default() }),
+            ..Default::default()
+        };
+        let write = tokio::spawn(async move {
+            let put: Mutation = Box::new(move |_| Ok(Write::Put(gateway.clone())));
+            writer.mutate("a", put, false).await
+        });
+        let started = Instant::now();
+        while awake.waiting() == 0 {
+            assert!(started.elapsed() < Duration::from_secs(30), "the write was never waiting");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(!write.is_finished(), "answered while another connection held the lock");
+        assert_eq!(awake.waiting(), 1);
+        other.execute_batch("COMMIT").unwrap();
+        write.await.unwrap().unwrap();
+        assert_eq!(awake.waiting(), 0, "the answered write is still waiting");
+    }
+}
